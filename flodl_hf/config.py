@@ -1,0 +1,160 @@
+"""DdpConfig: every knob of multi-device training in one validated dataclass.
+
+It exists so that a bad setting fails at construction, with a message naming the field, the value and the fix,
+instead of deep inside a collective on one rank. The CLI and ``Trainer.setup_*_with`` are thin layers over it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+__all__ = ["DdpConfig", "PRECISIONS", "DEVICES_ENV", "NO_LAUNCH_ENV"]
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+#: Comma-separated device list (e.g. ``cpu,cpu``) used when ``DdpConfig.devices`` is not given.
+DEVICES_ENV = "FLODL_HF_DEVICES"
+#: Set to ``1`` to stop ``Trainer.setup*`` from starting the other ranks itself.
+NO_LAUNCH_ENV = "FLODL_HF_NO_LAUNCH"
+
+
+def _bad(name: str, value: object, fix: str) -> ValueError:
+    return ValueError(f"DdpConfig.{name}={value!r} is invalid: {fix}")
+
+
+def _check_device(name: str) -> str:
+    """Return a normalised device string or raise a ValueError naming the bad entry."""
+    text = str(name).strip().lower()
+    if text == "cpu" or text == "cuda" or text == "mps":
+        return text
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return text
+    raise ValueError(
+        f"unknown device {name!r}: use 'cpu', 'cuda' or 'cuda:N' (for example devices=['cuda:0', 'cuda:1'] "
+        "or devices=['cpu', 'cpu'])"
+    )
+
+
+@dataclass
+class DdpConfig:
+    """How ``Trainer.setup_*_with`` places and synchronises ranks.
+
+    Every field has a safe default; the defaults train on whatever one device is present, or on every rank of a
+    ``torchrun`` / ``accelerate launch`` job.
+    """
+
+    devices: Optional[Sequence[str]] = None
+    """Devices to run on, one rank each (``["cpu", "cpu"]``, ``["cuda:0", "cuda:1"]``). None: the launcher's
+    environment, else ``$FLODL_HF_DEVICES``, else every visible GPU, else one CPU."""
+
+    seed: int = 0
+    """Seed for data shuffling (permutation of epoch n uses ``seed + n``)."""
+
+    overhead_target: float = 0.10
+    """El Che's wanted ceiling of synchronisation time / compute time, in [0.01, 0.5]."""
+
+    anchor: Optional[int] = None
+    """Initial El Che window length in micro-batches (default 1)."""
+
+    max_anchor: Optional[int] = None
+    """Upper bound of the auto-tuned anchor (default 8). ``0`` disables El Che: equal split, sync every step."""
+
+    speed_hint: Optional[tuple[int, float]] = None
+    """``(slow_rank, ratio)``: the other ranks are ``ratio`` (>= 1) times faster than ``slow_rank``. Seeds the
+    split until the first measured window replaces it."""
+
+    batch_sizes: Optional[Sequence[int]] = None
+    """Fixed per-rank micro-batch sizes (summing to world_size * batch_size). Freezes El Che's split: used for
+    exactness tests and for users who know their devices."""
+
+    freeze_plan: bool = False
+    """Keep the anchor and the split fixed (no auto-tuning)."""
+
+    max_grad_norm: Optional[float] = None
+    """Clip the *reduced* gradient to this norm before each optimizer step (None: no clipping)."""
+
+    simulate_speeds: Optional[Sequence[float]] = None
+    """SIMULATION ONLY, for tests and benchmarks: rank r's compute time is stretched to compute / speed_r (the
+    host sleeps, as it would wait on a slower GPU). Values in (0, 1]."""
+
+    timeout_s: float = 300.0
+    """Bound on any collective and on the rendezvous; a failed or vanished rank makes the others raise within it."""
+
+    launch: bool = True
+    """Start the other ranks by re-running this script when needed (plain ``python train.py`` with 2+ devices).
+    ``$FLODL_HF_NO_LAUNCH=1`` also turns it off."""
+
+    precision: str = "fp32"
+    """``fp32``, ``bf16`` or ``fp16`` autocast for the forward pass."""
+
+    drop_last: bool = True
+    """Drop the final partial step of an epoch. False pads it with zero-weight samples (same step counts)."""
+
+    verbose: bool = True
+    """Print the one-line hardware diagnostic at setup (rank 0 only)."""
+
+    bucket_mb: float = 64.0
+    """Size of one gradient all-reduce bucket, in MiB of float32."""
+
+    extra: dict = field(default_factory=dict)
+    """Free-form settings carried along (recorded in model cards)."""
+
+    def __post_init__(self) -> None:
+        if self.devices is not None:
+            if isinstance(self.devices, str):
+                self.devices = [d for d in self.devices.split(",") if d.strip()]
+            if len(self.devices) == 0:
+                raise _bad("devices", self.devices, "give at least one device, e.g. ['cpu'] or ['cuda:0', 'cuda:1']")
+            self.devices = [_check_device(d) for d in self.devices]
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise _bad("seed", self.seed, "use an integer seed")
+        if not (0.01 <= float(self.overhead_target) <= 0.5):
+            raise _bad("overhead_target", self.overhead_target,
+                       "use a fraction of compute time in [0.01, 0.5], e.g. 0.10")
+        if self.anchor is not None and self.anchor < 1:
+            raise _bad("anchor", self.anchor, "use an anchor >= 1 (micro-batches per synchronisation window)")
+        if self.max_anchor is not None and self.max_anchor < 0:
+            raise _bad("max_anchor", self.max_anchor, "use max_anchor >= 1, or 0 to disable El Che")
+        if self.speed_hint is not None:
+            if len(self.speed_hint) != 2:
+                raise _bad("speed_hint", self.speed_hint, "give (slow_rank, ratio), e.g. (1, 2.5)")
+            slow, ratio = self.speed_hint
+            if int(slow) < 0:
+                raise _bad("speed_hint", self.speed_hint, "slow_rank must be a rank index >= 0")
+            if float(ratio) < 1.0:
+                raise _bad("speed_hint", self.speed_hint,
+                           f"ratio={ratio} must be >= 1 (how many times faster the other ranks are than slow_rank); "
+                           "to say a rank is faster, name the slower rank instead")
+            self.speed_hint = (int(slow), float(ratio))
+        if self.batch_sizes is not None:
+            sizes = list(self.batch_sizes)
+            if not sizes or any((not isinstance(b, int)) or b < 1 for b in sizes):
+                raise _bad("batch_sizes", self.batch_sizes, "give one integer >= 1 per rank")
+            self.batch_sizes = sizes
+        if self.max_grad_norm is not None and not float(self.max_grad_norm) > 0:
+            raise _bad("max_grad_norm", self.max_grad_norm, "use a positive norm, or None to disable clipping")
+        if self.simulate_speeds is not None:
+            speeds = [float(s) for s in self.simulate_speeds]
+            if not speeds or any(not (0.0 < s <= 1.0) for s in speeds):
+                raise _bad("simulate_speeds", self.simulate_speeds,
+                           "give one simulated relative speed in (0, 1] per rank, e.g. [1.0, 0.4]")
+            self.simulate_speeds = speeds
+        if not float(self.timeout_s) > 0:
+            raise _bad("timeout_s", self.timeout_s, "use a positive number of seconds, e.g. 300")
+        if self.precision not in PRECISIONS:
+            raise _bad("precision", self.precision, f"use one of {', '.join(PRECISIONS)}")
+        if not float(self.bucket_mb) > 0:
+            raise _bad("bucket_mb", self.bucket_mb, "use a positive bucket size in MiB, e.g. 64")
+
+    def resolved_devices(self) -> Optional[list[str]]:
+        """The explicit device list: the field, else ``$FLODL_HF_DEVICES``, else None (auto)."""
+        if self.devices is not None:
+            return list(self.devices)
+        env = os.environ.get(DEVICES_ENV, "").strip()
+        if env:
+            return [_check_device(d) for d in env.split(",") if d.strip()]
+        return None
+
+    def launch_enabled(self) -> bool:
+        return self.launch and os.environ.get(NO_LAUNCH_ENV, "") not in ("1", "true", "yes")

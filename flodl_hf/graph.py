@@ -1,0 +1,207 @@
+"""Graph: one rank's module, optimizer, LR scheduler, data plan and the ``step()`` cycle.
+
+It exists so that the user's loop (``loss.backward(); graph.step()``) is the same on one device and on many:
+on one device ``step()`` is exactly ``optimizer.step(); optimizer.zero_grad()`` plus the scheduler; on N ranks the
+same call closes an El Che gradient window (see ``flodl_hf.distributed.window``). A ``Graph`` knows its rank,
+world size and device; it never knows about task heads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, runtime_checkable
+
+import torch
+
+from .config import DdpConfig
+from .partition import epoch_permutation, rank_slice, steps_per_epoch
+
+__all__ = ["Graph", "HasGraph"]
+
+
+@runtime_checkable
+class HasGraph(Protocol):
+    """Anything that trains through a :class:`Graph` (every task head; a Graph returns itself)."""
+
+    def graph(self) -> "Graph": ...
+
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Graph:
+    """One rank's training state: module, optimizer, optional LR scheduler, data loader plan.
+
+    Build one around a module (``Graph(model)``), then hand it to ``Trainer.setup*`` which places it on its
+    device, creates the optimizer and, on N ranks, connects it to the process group.
+    """
+
+    def __init__(self, module: torch.nn.Module, device: Optional[torch.device | str] = None) -> None:
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"Graph needs a torch.nn.Module, got {type(module).__name__}")
+        self.module: torch.nn.Module = module
+        if device is None:
+            try:
+                device = next(module.parameters()).device
+            except StopIteration:
+                device = torch.device("cpu")
+        self.device: torch.device = torch.device(device)
+        self.optimizer: Optional[torch.optim.Optimizer] = None
+        self.scheduler: Any = None
+        self.config: DdpConfig = DdpConfig(verbose=False)
+        self.rank: int = 0
+        self.world_size: int = 1
+        self.training_step: int = 0
+        self.lr_scale: float = 1.0
+        self._runtime: Any = None  # flodl_hf.distributed.window.WindowRuntime on N ranks
+        self._dataset: Any = None
+        self._batch_size: int = 0
+        self._collate: Optional[Callable[[list], Any]] = None
+        self._seed: int = 0
+        self._last_loss: Optional[float] = None
+
+    # --- protocol -------------------------------------------------------------------------------------------
+    def graph(self) -> "Graph":
+        return self
+
+    # --- wiring (called by Trainer) -----------------------------------------------------------------------
+    def attach(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
+               config: DdpConfig, *, rank: int = 0, world_size: int = 1, runtime: Any = None) -> None:
+        """Install the replica, its optimizer and (on N ranks) the window runtime. Used by ``Trainer``."""
+        self.module = module
+        self.optimizer = optimizer
+        self.device = torch.device(device)
+        self.config = config
+        self.rank, self.world_size = rank, world_size
+        self._runtime = runtime
+        self._seed = config.seed
+        self.module.train()
+
+    @property
+    def is_distributed(self) -> bool:
+        return self._runtime is not None
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0: the rank that logs, shows progress bars and writes files."""
+        return self.rank == 0
+
+    def el_che(self) -> Any:
+        """The El Che scheduler of this rank (None on one device)."""
+        return None if self._runtime is None else self._runtime.el_che
+
+    # --- optimisation -------------------------------------------------------------------------------------
+    def set_scheduler(self, scheduler: Any) -> None:
+        """Attach an LR scheduler stepped once per optimizer step (``scheduler.step()``)."""
+        self.scheduler = scheduler
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Multiply every param group's learning rate by ``scale`` at each step (the stored LR is untouched)."""
+        if not scale > 0:
+            raise ValueError(f"lr scale={scale!r} is invalid: use a positive factor, e.g. 1.0")
+        self.lr_scale = float(scale)
+
+    def _require_optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise RuntimeError("this Graph has no optimizer: call Trainer.setup(...) or Trainer.setup_head(...) "
+                               "before graph.step()")
+        return self.optimizer
+
+    def step(self) -> None:
+        """Finish one micro-batch: on one device, optimizer step + zero_grad + scheduler; on N ranks, close the
+        El Che window when it is full (reduce, clip, step) and otherwise just accumulate."""
+        optimizer = self._require_optimizer()
+        if self._runtime is not None:
+            if self._runtime.micro_batch_done(self):
+                self.training_step += 1
+            return
+        if self.config.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.max_grad_norm)
+        self.apply_optimizer_step(optimizer)
+        self.training_step += 1
+
+    def apply_optimizer_step(self, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+        """optimizer.step() with the LR scale applied, zero_grad, then the LR scheduler."""
+        optimizer = optimizer or self._require_optimizer()
+        if self.lr_scale != 1.0:
+            saved = [group["lr"] for group in optimizer.param_groups]
+            for group in optimizer.param_groups:
+                group["lr"] = group["lr"] * self.lr_scale
+            optimizer.step()
+            for group, lr in zip(optimizer.param_groups, saved):
+                group["lr"] = lr
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The forward-pass precision context of ``DdpConfig.precision`` (a no-op in fp32)."""
+        dtype = _AUTOCAST_DTYPES.get(self.config.precision)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    # --- data ---------------------------------------------------------------------------------------------
+    def set_data_loader(self, dataset: Sequence[Any], batch_size: int,
+                        collate_fn: Optional[Callable[[list], Any]] = None, seed: Optional[int] = None) -> None:
+        """Plan epochs over ``dataset`` (anything with ``len`` and ``[i]``).
+
+        ``batch_size`` is per rank (the global batch is ``world_size * batch_size``; El Che may give faster ranks
+        more of it). Each epoch is a permutation seeded by ``seed + epoch`` that is identical on every rank.
+        """
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} is invalid: use an integer >= 1 (samples per rank per step)")
+        try:
+            n = len(dataset)
+        except TypeError as exc:
+            raise TypeError(f"dataset of type {type(dataset).__name__} has no len(): pass a sized, indexable "
+                            "dataset (a list, a torch Dataset, a datasets.Dataset)") from exc
+        if n == 0:
+            raise ValueError("dataset is empty: give at least one sample to set_data_loader")
+        self._dataset = dataset
+        self._batch_size = batch_size
+        self._collate = collate_fn
+        if seed is not None:
+            self._seed = int(seed)
+        if self._runtime is not None:
+            self._runtime.set_batch_size(batch_size)
+
+    def steps_per_epoch(self) -> int:
+        """Optimizer-independent count of micro-batches every rank runs per epoch."""
+        self._require_data()
+        return steps_per_epoch(len(self._dataset), self.world_size * self._batch_size, self.config.drop_last)
+
+    def _require_data(self) -> None:
+        if self._dataset is None:
+            raise RuntimeError("no data: call graph.set_data_loader(dataset, batch_size, collate_fn) before "
+                               "graph.epoch(n)")
+
+    def epoch(self, n: int) -> Iterator[Any]:
+        """Yield this rank's micro-batches of epoch ``n``: a seeded, disjoint, complete partition on N ranks."""
+        self._require_data()
+        total = len(self._dataset)
+        global_batch = self.world_size * self._batch_size
+        steps = steps_per_epoch(total, global_batch, self.config.drop_last)
+        if steps == 0:
+            raise ValueError(f"dataset of {total} samples is smaller than one global batch of {global_batch} "
+                             f"({self.world_size} rank(s) x batch_size {self._batch_size}): lower batch_size or "
+                             "pass drop_last=False in DdpConfig")
+        perm = epoch_permutation(total, self._seed + int(n))
+        runtime = self._runtime
+        for k in range(steps):
+            sizes = runtime.plan_sizes() if runtime is not None else [self._batch_size]
+            indices, padding = rank_slice(perm, k, global_batch, sizes, self.rank)
+            items = [self._dataset[int(i)] for i in indices]
+            batch = self._collate(items) if self._collate is not None else items
+            if runtime is not None:
+                runtime.begin_micro_batch(len(indices) - padding, last_in_epoch=(k == steps - 1))
+            yield batch
+
+    # --- end of training ------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Tell the other ranks this rank's loop is over (detects uneven step counts); idempotent."""
+        if self._runtime is not None:
+            self._runtime.close(self)

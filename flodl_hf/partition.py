@@ -1,0 +1,59 @@
+"""Epoch partitioning: which samples each rank takes at each step, identical arithmetic on every rank.
+
+It exists apart from data loading because it is the contract between El Che and the data: step k of an epoch
+covers positions ``[k*W*B, (k+1)*W*B)`` of one seeded permutation, and rank r takes ``b_r`` consecutive positions
+at offset ``sum(b_q for q < r)``. Whatever sizes El Che picks, an epoch's partition stays disjoint and complete.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+__all__ = ["epoch_permutation", "steps_per_epoch", "rank_slice"]
+
+
+def epoch_permutation(n: int, seed: int) -> torch.Tensor:
+    """The permutation of ``range(n)`` for one epoch: a CPU generator seeded with ``seed``, the same everywhere."""
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(int(seed))
+    return torch.randperm(n, generator=generator)
+
+
+def steps_per_epoch(n: int, global_batch: int, drop_last: bool = True) -> int:
+    """Steps every rank runs: ``floor(n / global_batch)``, or the ceiling when the last partial step is kept."""
+    if global_batch < 1:
+        raise ValueError(f"global batch={global_batch} is invalid: it must be >= 1")
+    return n // global_batch if drop_last else -(-n // global_batch)
+
+
+def rank_slice(perm: torch.Tensor, step: int, global_batch: int, sizes: Sequence[int],
+               rank: int) -> tuple[list[int], int]:
+    """Indices rank ``rank`` takes at ``step`` and how many of them are padding.
+
+    ``sizes`` are the per-rank micro-batch sizes (summing to ``global_batch``). A final partial step (only with
+    ``drop_last=False``) is shared out in the same proportions; a rank left short is padded with samples taken
+    from the start of the permutation, so every rank still runs the same number of steps.
+    """
+    if sum(sizes) != global_batch:
+        raise ValueError(f"per-rank sizes {list(sizes)} sum to {sum(sizes)}, not the global batch {global_batch}")
+    n = len(perm)
+    start = step * global_batch
+    available = min(global_batch, n - start)
+    if available >= global_batch:
+        offset = start + sum(sizes[:rank])
+        return perm[offset: offset + sizes[rank]].tolist(), 0
+    # Final partial step: scale the split to what is left (largest remainder), pad the short ranks.
+    exact = [available * s / global_batch for s in sizes]
+    share = [int(x) for x in exact]
+    order = sorted(range(len(sizes)), key=lambda q: (-(exact[q] - share[q]), q))
+    for q in order[: available - sum(share)]:
+        share[q] += 1
+    offset = start + sum(share[:rank])
+    own = perm[offset: offset + share[rank]].tolist()
+    want = max(1, share[rank])
+    padding = want - len(own)
+    if padding > 0:
+        own += perm[:padding].tolist()
+    return own, padding

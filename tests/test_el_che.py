@@ -1,0 +1,412 @@
+"""El Che scheduler: reference vectors from design/el-che.md and the update rules, on pure numbers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flodl_hf.el_che import ElChe, round_half_up
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def builder(world_size: int = 2, **kw: object) -> ElChe:
+    return ElChe(world_size, mode="builder", **kw)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------ reference vectors
+@pytest.mark.parametrize(
+    ("kw", "wall", "work", "sync", "anchor", "counts"),
+    [
+        ({"overhead_target": 0.5}, [500, 1000], [10, 10], 10, 10, [[20, 10]]),
+        ({"overhead_target": 0.5}, [730, 1640], [10, 10], 50, 10, [[22, 10], [23, 10]]),
+        ({"overhead_target": 0.1}, [1000, 1000], [10, 10], 500, 50, [[50, 50]]),
+        ({"overhead_target": 0.1}, [500, 1000], [10, 10], 400, 40, [[80, 40]]),
+        ({"overhead_target": 0.01, "max_anchor": 30}, [100, 100], [10, 10], 500, 30, None),
+        ({"overhead_target": 0.1}, [1000, 1000], [10, 10], 5, 10, None),
+    ],
+    ids=["ratio2", "ratio2.25", "jump50", "jump40", "clamp_max30", "stays"],
+)
+def test_builder_reference_vectors_w2(kw, wall, work, sync, anchor, counts):
+    che = builder(2, anchor=10, **kw)
+    che.report(wall, work, sync)
+    assert che.anchor == anchor
+    if counts is not None:
+        assert che.counts() in counts
+
+
+def test_builder_reference_vector_w3():
+    che = builder(3, anchor=10, overhead_target=0.5)
+    che.report([333, 500, 1000], [10, 10, 10], 0)
+    assert che.counts() == [30, 20, 10]
+    assert che.anchor == 10
+
+
+def test_builder_reference_vector_speed_hint():
+    che = builder(2, anchor=10)
+    che.speed_hint(1, 2.0)
+    assert che.counts() == [20, 10]
+    assert che.shares == pytest.approx([2 / 3, 1 / 3])
+
+
+# ------------------------------------------------------------------ rounding
+@pytest.mark.parametrize(
+    ("x", "want"), [(2.5, 3), (3.5, 4), (-2.5, -3), (0.5, 1), (2.4999, 2), (-2.4, -2), (0.0, 0)]
+)
+def test_round_half_up(x, want):
+    assert round_half_up(x) == want
+
+
+def test_round_half_up_rejects_nan():
+    with pytest.raises(ValueError, match="finite"):
+        round_half_up(float("nan"))
+
+
+@pytest.mark.parametrize(
+    ("world", "b", "costs"),
+    [
+        (2, 16, [1.0, 2.5]),
+        (3, 7, [1.0, 1.0, 1.0]),
+        (3, 5, [1.0, 2.0, 3.0]),
+        (3, 11, [1.0, 1.7, 13.0]),
+        (5, 3, [1.0, 1.0, 1.0, 1.0, 50.0]),
+        (4, 1, [1.0, 9.0, 9.0, 9.0]),
+    ],
+)
+def test_largest_remainder_sums_exactly(world, b, costs):
+    che = ElChe(world, batch_size=b)
+    che.report([c * b for c in costs], [b] * world, 0)
+    sizes = che.batch_sizes()
+    assert sum(sizes) == world * b
+    assert all(s >= 1 for s in sizes)
+    quotas = [world * b * s for s in che.shares]
+    assert all(abs(s - q) < 1 for s, q in zip(sizes, quotas)) or min(sizes) == 1
+
+
+def test_largest_remainder_picks_largest_fraction():
+    che = ElChe(3, batch_size=5)  # total 15, costs 1:2:3 -> quotas 8.18, 4.09, 2.73
+    che.report([1, 2, 3], [1, 1, 1], 0)
+    assert che.batch_sizes() == [8, 4, 3]
+
+
+# ------------------------------------------------------------------ setup mode
+def test_setup_converges_to_speed_proportional_shares():
+    ms_per_sample = [1 / 1.0, 1 / 0.4]
+    che = ElChe(2, batch_size=16)
+    assert che.batch_sizes() == [16, 16]
+    for _ in range(5):
+        sizes = che.batch_sizes()
+        assert sum(sizes) == 32 and min(sizes) >= 1
+        work = [che.anchor * b for b in sizes]
+        che.report([3.0 * w * m for w, m in zip(work, ms_per_sample)], work, 0.0)
+    assert che.shares[0] == pytest.approx(1 / 1.4, rel=0.10)
+    assert che.batch_sizes() == [23, 9]
+    assert che.calibrated
+    assert che.describe() == "El Che: anchor 1, shares [0.71, 0.29], batch sizes [23, 9]"
+
+
+def test_setup_initial_batch_sizes_and_ms_per_unit():
+    che = ElChe(2, batch_size=16, batch_sizes=[20, 12])
+    assert che.batch_sizes() == [20, 12]
+    assert che.shares == pytest.approx([20 / 32, 12 / 32])
+    assert che.ms_per_unit == [None, None] and not che.calibrated
+    che.report([40.0, 0.0], [20, 12], 0)  # rank 1 not measured: estimated from the seed
+    assert che.ms_per_unit == [2.0, None]
+    assert che.batch_sizes() == [20, 12]
+
+
+def test_mode_specific_accessors():
+    with pytest.raises(ValueError, match="counts\\(\\) is builder-mode only"):
+        ElChe(2, batch_size=4).counts()
+    with pytest.raises(ValueError, match="batch_sizes\\(\\) is setup-mode only"):
+        builder().batch_sizes()
+
+
+# ---------------------------------------------------------------------- speed
+def test_speed_ema_alpha_follows_surprise():
+    che = builder(2)
+    che.report([100, 100], [10, 10], 0)  # m = 10, 10
+    che.report([105, 300], [10, 10], 0)  # rank 0: jitter 5 % -> alpha 0.1; rank 1: 200 % -> alpha 0.8
+    assert che.ms_per_unit == pytest.approx([0.1 * 10.5 + 0.9 * 10, 0.8 * 30 + 0.2 * 10])
+    che.report([130, 0], [10, 0], 0)  # rank 0: ~29 % surprise -> alpha ~0.29; rank 1 idle: unchanged
+    alpha = (13 - 10.05) / 10.05
+    assert che.ms_per_unit[0] == pytest.approx(alpha * 13 + (1 - alpha) * 10.05)
+    assert che.ms_per_unit[1] == pytest.approx(26.0)
+
+
+def test_work_is_actual_not_planned():
+    che = builder(2)
+    che.report([100, 100], [25, 10], 0)  # rank 0 overshot its plan
+    assert che.ms_per_unit == pytest.approx([4.0, 10.0])
+    assert che.counts() == [25, 10]
+
+
+# --------------------------------------------------------------------- anchor
+def test_anchor_rises_decays_and_stays():
+    che = ElChe(2, batch_size=8)  # setup: anchor 1 in [1, 8], tau 0.1
+    che.report([100, 100], [8, 8], 20)  # ov 0.2 -> ceil(1 * 2) = 2
+    assert che.anchor == 2
+    che.report([100, 100], [8, 8], 30)  # ov 0.3 -> ceil(2 * 3) = 6
+    assert che.anchor == 6
+    che.report([100, 100], [8, 8], 50)  # ov 0.5 -> 30, clamped to max 8
+    assert che.anchor == 8
+    che.report([100, 100], [8, 8], 7)  # tau/2 <= ov <= tau: stays
+    assert che.anchor == 8
+    che.report([100, 100], [8, 8], 4)  # ov < tau/2: decay by one
+    assert che.anchor == 7
+    che.report([100, 100], [8, 8], 0)  # no sync measured: no change
+    assert che.anchor == 7
+    for _ in range(10):
+        che.report([100, 100], [8, 8], 1)
+    assert che.anchor == 1  # never below min_anchor
+    assert [h["anchor"] for h in che.history[:4]] == [2, 6, 8, 8]
+    assert che.history[0]["overhead"] == pytest.approx(0.2) and che.history[0]["window"] == 0
+
+
+def test_anchor_respects_min_anchor():
+    che = ElChe(2, batch_size=8, anchor=4, min_anchor=3, max_anchor=8)
+    for _ in range(5):
+        che.report([100, 100], [8, 8], 1)
+    assert che.anchor == 3
+
+
+def test_max_anchor_zero_disables():
+    che = ElChe(2, batch_size=16, max_anchor=0)
+    assert not che.enabled and che.anchor == 1
+    che.report([100, 250], [16, 16], 90)
+    assert che.anchor == 1 and che.batch_sizes() == [16, 16] and che.shares == [0.5, 0.5]
+    assert che.windows == 1 and che.ms_per_unit == pytest.approx([6.25, 15.625])
+    assert che.describe().startswith("El Che: off (max_anchor=0)")
+    b = builder(2, max_anchor=0, batch_size=32)
+    b.report([100, 250], [1, 1], 90)
+    assert b.counts() == [1, 1] and b.anchor == 1
+    single = ElChe(1, batch_size=8)
+    assert not single.enabled and single.batch_sizes() == [8]
+
+
+# ---------------------------------------------------------- dead zone, d limit
+def test_setup_dead_zone_keeps_small_moves():
+    che = ElChe(2, batch_size=50)  # total 100
+    che.report([100, 100], [50, 50], 0)  # equal: [50, 50]
+    assert che.batch_sizes() == [50, 50]
+    che.report([100, 110], [50, 50], 0)  # new ~[51, 49]: both within 10 % -> kept
+    assert che.batch_sizes() == [50, 50]
+    che.report([100, 400], [50, 50], 0)  # big move on both ranks
+    assert che.batch_sizes()[0] > 55 and sum(che.batch_sizes()) == 100
+
+
+def test_setup_dead_zone_falls_back_when_sum_breaks():
+    che = ElChe(2, batch_size=16)
+    che.report([23, 9 * 2.5], [23, 9], 0)  # costs 1 : 2.5 -> [23, 9]
+    assert che.batch_sizes() == [23, 9]
+    # rank 1 slows (m 2.5 -> 3.4): new [25, 7]: rank 0 moves 8.7 % (inside), rank 1 22 % (outside);
+    # keeping rank 0 would sum to 30, so the plan is taken without the dead zone
+    che.report([23, 9 * 4.0], [23, 9], 0)
+    assert che.ms_per_unit[1] == pytest.approx(3.4)
+    assert che.batch_sizes() == [25, 7]
+
+
+def test_builder_dead_zone_and_first_measurement_bypass():
+    che = builder(2)
+    che.speed_hint(1, 3.0)
+    assert che.counts() == [30, 10]
+    che.report([200, 200], [20, 10], 0)  # first measurement: no dead zone -> [20, 10]
+    assert che.counts() == [20, 10]
+    che.report([190, 200], [20, 10], 0)  # target 21 (5 %): kept
+    assert che.counts() == [20, 10]
+    che.report([100, 200], [20, 10], 0)  # target much larger: moves
+    assert che.counts()[0] > 22
+
+
+def test_builder_max_batch_diff_limits_movement():
+    che = builder(2, max_batch_diff=3)
+    che.report([100, 400], [10, 10], 0)  # target [40, 10]; previous [10, 10]
+    assert che.counts() == [13, 10]
+    che.report([100, 400], [10, 10], 0)
+    assert che.counts() == [16, 10]
+    free = builder(2)
+    free.report([100, 400], [10, 10], 0)
+    assert free.counts() == [40, 10]
+
+
+# ------------------------------------------------------------------ speed hint
+def test_speed_hint_seeds_until_measured():
+    che = ElChe(3, batch_size=10)
+    che.speed_hint(2, 2.0)  # shares 2:2:1
+    assert che.batch_sizes() == [12, 12, 6]
+    che.report([10, 10, 10], [10, 10, 10], 0)  # measured equal speeds replace the hint
+    assert che.batch_sizes() == [10, 10, 10]
+
+
+@pytest.mark.parametrize("ratio", [0.5, 0.0, -1.0, float("nan")])
+def test_speed_hint_ratio_below_one_raises(ratio):
+    with pytest.raises(ValueError, match=r"ratio=.*>= 1"):
+        builder().speed_hint(1, ratio)
+
+
+def test_speed_hint_slow_rank_out_of_range():
+    with pytest.raises(ValueError, match=r"slow_rank=2 is out of range: use a rank in \[0, 1\]"):
+        builder().speed_hint(2, 2.0)
+
+
+# --------------------------------------------------------------- validation
+@pytest.mark.parametrize(
+    ("args", "kw", "match"),
+    [
+        ((0,), {"batch_size": 4}, r"world_size=0 .*integer >= 1"),
+        ((2,), {"mode": "ring", "batch_size": 4}, r"mode='ring' is unknown: use 'setup'"),
+        ((2,), {}, r"batch_size=None .*setup mode needs"),
+        ((2,), {"batch_size": 0}, r"batch_size=0 .*integer >= 1"),
+        ((2,), {"batch_size": 4, "anchor": 0}, r"anchor=0 .*integer >= 1"),
+        (
+            (2,),
+            {"batch_size": 4, "min_anchor": 5, "max_anchor": 3},
+            r"min_anchor=5 is greater than max_anchor=3",
+        ),
+        ((2,), {"batch_size": 4, "anchor": 9}, r"anchor=9 is outside \[min_anchor=1, max_anchor=8\]"),
+        ((2,), {"mode": "builder", "anchor": 300}, r"min_anchor=300 is greater than max_anchor=200"),
+        ((2,), {"batch_size": 4, "max_anchor": -1}, r"max_anchor=-1 .*0 to disable"),
+        (
+            (2,),
+            {"batch_size": 4, "overhead_target": 0.7},
+            r"overhead_target=0.7 is out of range: use a value in \[0.01, 0.5\]",
+        ),
+        ((2,), {"batch_size": 4, "overhead_target": 0.001}, r"overhead_target=0.001 is out of range"),
+        ((2,), {"mode": "builder", "max_batch_diff": 0}, r"max_batch_diff=0 .*integer >= 1"),
+        ((2,), {"batch_size": 4, "max_batch_diff": 2}, r"max_batch_diff=2 applies to builder mode only"),
+        (
+            (2,),
+            {"batch_size": 4, "batch_sizes": [4, 4, 0]},
+            r"batch_sizes=\[4, 4, 0\] .*give 2 integers >= 1 summing to",
+        ),
+        (
+            (2,),
+            {"batch_size": 4, "batch_sizes": [5, 4]},
+            r"batch_sizes=\[5, 4\] .*summing to world_size \* batch_size = 8",
+        ),
+        ((2,), {"batch_size": 4, "batch_sizes": [8, 0]}, r"batch_sizes=\[8, 0\] is invalid"),
+        ((2,), {"batch_size": 4, "batch_sizes": [6, 2], "max_anchor": 0}, r"El Che disabled"),
+        ((2,), {"mode": "builder", "batch_sizes": [1, 1]}, r"batch_sizes is setup-mode only"),
+    ],
+)
+def test_constructor_validation(args, kw, match):
+    with pytest.raises(ValueError, match=match):
+        ElChe(*args, **kw)
+
+
+@pytest.mark.parametrize(
+    ("wall", "work", "sync", "match"),
+    [
+        ([1.0], [1, 1], 0, r"wall_ms has 1 entries: pass one value per rank \(2\)"),
+        ([1.0, 1.0], [1, 1, 1], 0, r"work has 3 entries"),
+        ([1.0, -1.0], [1, 1], 0, r"wall_ms\[1\]=-1.0 is invalid: pass a finite value >= 0"),
+        ([1.0, 1.0], [-2, 1], 0, r"work\[0\]=-2 is invalid"),
+        ([1.0, float("inf")], [1, 1], 0, r"wall_ms\[1\]=inf is invalid"),
+        ([1.0, 1.0], [1, 1], -3, r"sync_ms=-3 is invalid"),
+    ],
+)
+def test_report_validation(wall, work, sync, match):
+    with pytest.raises(ValueError, match=match):
+        builder().report(wall, work, sync)
+
+
+# ------------------------------------------------------------ freeze, history
+def test_freeze_records_but_changes_nothing():
+    che = ElChe(2, batch_size=16)
+    che.freeze()
+    assert che.frozen
+    che.report([100, 250], [16, 16], 90)
+    assert che.windows == 1 and len(che.history) == 1
+    assert che.anchor == 1 and che.batch_sizes() == [16, 16] and che.ms_per_unit == [None, None]
+    assert "frozen" in che.describe()
+    che.unfreeze()
+    che.report([100, 250], [16, 16], 0)
+    assert che.batch_sizes() == [23, 9]
+
+
+def test_history_is_bounded():
+    che = builder(2)
+    for _ in range(1005):
+        che.report([100, 100], [10, 10], 0)
+    hist = che.history
+    assert len(hist) == 1000 and hist[-1]["window"] == 1004 and hist[0]["window"] == 5
+    assert set(hist[-1]) == {"window", "overhead", "anchor", "shares", "counts"}
+
+
+# ------------------------------------------------------------- checkpointing
+def _feed(che: ElChe, steps: int, seed: int) -> list[tuple[int, list[int]]]:
+    out = []
+    for i in range(steps):
+        x = (seed * 7919 + i * 104729) % 97 / 97.0
+        sizes = che.batch_sizes()
+        che.report(
+            [b * (1.0 + x) for b in sizes[:1]] + [b * (2.5 - x) for b in sizes[1:]], sizes, 5.0 + 40 * x
+        )
+        out.append((che.anchor, che.batch_sizes()))
+    return out
+
+
+def test_state_dict_round_trip():
+    a = ElChe(2, batch_size=16)
+    a.speed_hint(1, 2.0)
+    _feed(a, 7, seed=1)
+    state = json.loads(json.dumps(a.state_dict()))
+    b = ElChe(2, batch_size=16)
+    b.load_state_dict(state)
+    assert b.state_dict() == a.state_dict()
+    assert _feed(b, 20, seed=2) == _feed(a, 20, seed=2)
+    assert b.history == a.history
+
+
+def test_state_dict_builder_round_trip():
+    a = builder(3, max_batch_diff=4)
+    for i in range(6):
+        a.report([100 + i, 200, 300 - i], [10, 10, 10], 30)
+    b = builder(3, max_batch_diff=4)
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    for i in range(6):
+        a.report([90, 210 + i, 280], a.counts(), 20 + i)
+        b.report([90, 210 + i, 280], b.counts(), 20 + i)
+        assert (a.anchor, a.counts(), a.shares) == (b.anchor, b.counts(), b.shares)
+
+
+def test_load_state_dict_mismatch_raises():
+    state = ElChe(2, batch_size=16).state_dict()
+    with pytest.raises(ValueError, match=r"world_size=2 but this El Che has world_size=3"):
+        ElChe(3, batch_size=16).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"mode='setup' but this El Che has mode='builder'"):
+        builder(2).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"batch_size=16 but this El Che has batch_size=8"):
+        ElChe(2, batch_size=8).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"state is missing keys \['anchor'\]"):
+        ElChe(2, batch_size=16).load_state_dict({k: v for k, v in state.items() if k != "anchor"})
+
+
+# ---------------------------------------------------------------- determinism
+def test_determinism_across_instances():
+    a, b = ElChe(3, batch_size=10), ElChe(3, batch_size=10)
+    for che in (a, b):
+        che.speed_hint(0, 1.5)
+    for i in range(30):
+        wall = [50 + (i * 37) % 11, 80 - (i * 13) % 7, 120 + (i * 5) % 9]
+        a.report(wall, [10, 10, 10], (i * 17) % 20)
+        b.report(wall, [10, 10, 10], (i * 17) % 20)
+    assert a.state_dict() == b.state_dict()
+    assert a.describe() == b.describe()
+
+
+def test_import_does_not_load_torch():
+    code = "import sys, flodl_hf.el_che; print('torch' in sys.modules, 'numpy' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+    assert out.stdout.split() == ["False", "False"]
