@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import sys
 import time
-import weakref
 from typing import Any, Optional
 
 import torch
@@ -30,8 +29,8 @@ from .context import DistContext, DistributedError
 __all__ = ["WindowRuntime", "close_all", "mark_failed"]
 
 _STEP, _FINISHED, _FAILED = 0.0, 1.0, 2.0
-_RUNTIMES: "weakref.WeakSet[WindowRuntime]" = weakref.WeakSet()
-_ORDER: list["weakref.ref[WindowRuntime]"] = []
+# Strong references: a runtime must still be able to tell its peers "failed" after the user's objects are gone.
+_OPEN: list["WindowRuntime"] = []
 _PROCESS_FAILED = False
 
 
@@ -56,11 +55,9 @@ def _install_excepthook() -> None:
 
 def close_all() -> None:
     """Close every live window runtime of this process, in creation order (the same on every rank)."""
-    for ref in list(_ORDER):
-        runtime = ref()
-        if runtime is not None:
-            runtime.close(None)
-    _ORDER.clear()
+    for runtime in list(_OPEN):
+        runtime.close(None)
+    _OPEN.clear()
 
 
 class WindowRuntime:
@@ -89,8 +86,7 @@ class WindowRuntime:
         self._pending_samples: Optional[int] = None
         self._force_sync = False
         self._last_sync_ms = 0.0
-        _RUNTIMES.add(self)
-        _ORDER.append(weakref.ref(self))
+        _OPEN.append(self)
         _install_excepthook()
 
     # --- plan -----------------------------------------------------------------------------------------------
@@ -182,12 +178,26 @@ class WindowRuntime:
         try:
             self.buckets.all_reduce(first_only=True)
         except Exception as exc:
+            self._abandon()
             raise DistributedError(f"rank {r}: lost contact with the other ranks at window {self.window_index} "
                                    f"(another rank probably failed; see its error): {exc}") from exc
         return self.buckets.meta.detach().to("cpu", torch.float64)
 
+    def _abandon(self) -> None:
+        """After a detected disagreement or lost peer no further collective may be attempted by this runtime."""
+        self._closed = True
+        if self in _OPEN:
+            _OPEN.remove(self)
+
     def _check_flags(self, m: torch.Tensor, own_flag: float) -> bool:
         """Raise if ranks disagree; True when every rank is finishing."""
+        try:
+            return self._flags_agree(m, own_flag)
+        except DistributedError:
+            self._abandon()
+            raise
+
+    def _flags_agree(self, m: torch.Tensor, own_flag: float) -> bool:
         w = self.world
         flags = [int(x) for x in m[4 * w: 5 * w].tolist()]
         if all(f == _FINISHED for f in flags) and own_flag == _FINISHED:
@@ -222,6 +232,7 @@ class WindowRuntime:
             if self.float_buffers:
                 broadcast_tensors(self.float_buffers, src=0)
         except Exception as exc:
+            self._abandon()
             raise DistributedError(f"rank {self.rank}: gradient all-reduce failed at window {self.window_index} "
                                    f"(another rank probably failed): {exc}") from exc
         if self.config.max_grad_norm is not None:
@@ -244,6 +255,8 @@ class WindowRuntime:
         if self._closed:
             return
         self._closed = True
+        if self in _OPEN:
+            _OPEN.remove(self)
         flag = _FAILED if _PROCESS_FAILED else _FINISHED
         self._reset_window()
         try:

@@ -1,0 +1,78 @@
+"""Run a function on N real gloo ranks (spawned processes on loopback) and collect what each returns.
+
+Test helper only: every multi-rank test in this suite goes through a real ``torch.distributed`` process group,
+the way torchrun would start it (RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT in the environment).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from flodl_hf.distributed.launch import free_port
+
+
+def _entry(fn: Callable[..., Any], rank: int, world: int, port: int, out: str, args: tuple,
+           env: dict) -> None:
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "OMP_NUM_THREADS": "1"})
+    os.environ.update(env)
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        result = ("ok", fn(rank, world, *args))
+    except BaseException as exc:  # noqa: BLE001 - shipped back to the test
+        result = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    with open(os.path.join(out, f"rank{rank}.pkl"), "wb") as fh:
+        pickle.dump(result, fh)
+    # Leave the group so atexit teardown has nothing to wait for.
+    from flodl_hf.distributed.context import shutdown
+
+    try:
+        shutdown()
+    except BaseException:  # noqa: BLE001 - already reported through the result file
+        pass
+
+
+def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 120.0,
+              env: Optional[dict] = None) -> list[tuple[str, Any]]:
+    """Run ``fn(rank, world, *args)`` on ``world`` spawned ranks; return ``[(status, value), ...]`` by rank.
+
+    status is ``"ok"`` (value = what fn returned, pickled) or ``"error"`` (value = the message and traceback),
+    or ``"missing"`` when the rank died without writing a result.
+    """
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    with tempfile.TemporaryDirectory() as out:
+        procs = [ctx.Process(target=_entry, args=(fn, r, world, port, out, args, env or {})) for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout)
+        hung = [r for r, p in enumerate(procs) if p.is_alive()]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        if hung:
+            raise AssertionError(f"ranks {hung} did not finish within {timeout} s (hang)")
+        results = []
+        for r in range(world):
+            path = Path(out) / f"rank{r}.pkl"
+            results.append(pickle.loads(path.read_bytes()) if path.exists() else ("missing", procs[r].exitcode))
+        return results
+
+
+def values(results: list[tuple[str, Any]]) -> list[Any]:
+    """The returned values, failing the test with every rank's error if any rank failed."""
+    bad = [(r, v) for r, (s, v) in enumerate(results) if s != "ok"]
+    if bad:
+        raise AssertionError("\n".join(f"rank {r}: {v}" for r, v in bad))
+    return [v for _, v in results]

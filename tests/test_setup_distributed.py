@@ -1,0 +1,199 @@
+"""Setup mode on real gloo ranks: exactness of El Che windows, convergence, anchor tuning, failures."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from dist_helpers import run_ranks, values
+from flodl_hf import DdpConfig, Graph, Trainer
+from flodl_hf.partition import epoch_permutation
+
+FEATURES, CLASSES = 6, 3
+
+
+def _data(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(n, FEATURES, generator=g)
+    y = (x[:, 0] * 2 + x[:, 1] > 0).long() + (x[:, 2] > 1).long()
+    return x, y
+
+
+def _mlp(width: int = 16) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, width), torch.nn.LayerNorm(width), torch.nn.Tanh(),
+                               torch.nn.Linear(width, CLASSES))
+
+
+def _collate(items):
+    return torch.stack([a for a, _ in items]), torch.stack([b for _, b in items])
+
+
+def _sgd(params):
+    return torch.optim.SGD(params, lr=0.2, momentum=0.9)
+
+
+# --- exactness ------------------------------------------------------------------------------------------------
+def _exact_rank(rank: int, world: int, sizes: list[int], anchor: int, windows: int, clip):
+    torch.manual_seed(100 + rank)  # every rank starts different: setup must broadcast rank 0's weights
+    graph = Graph(_mlp())
+    cfg = DdpConfig(batch_sizes=sizes, anchor=anchor, freeze_plan=True, seed=7, verbose=False, timeout_s=60,
+                    max_grad_norm=clip)
+    Trainer.setup_with(graph, lambda dev: _mlp(), _sgd, cfg)
+    x, y = _data(windows * anchor * sum(sizes))
+    graph.set_data_loader(list(zip(x, y)), batch_size=sum(sizes) // world, collate_fn=_collate)
+    seen = []
+    for xb, yb in graph.epoch(0):
+        seen.append(len(xb))
+        loss = torch.nn.functional.cross_entropy(graph.module(xb), yb)
+        loss.backward()
+        graph.step()
+    return [p.detach().clone() for p in graph.module.parameters()], seen, graph.training_step
+
+
+def _reference(sizes: list[int], anchor: int, windows: int, clip) -> list[torch.Tensor]:
+    torch.manual_seed(100)
+    model = _mlp()
+    opt = _sgd(model.parameters())
+    total = windows * anchor * sum(sizes)
+    x, y = _data(total)
+    perm = epoch_permutation(total, 7)
+    step = anchor * sum(sizes)
+    for w in range(windows):
+        idx = perm[w * step: (w + 1) * step]
+        torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+    return [p.detach() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("world,sizes,anchor,clip", [
+    (2, [11, 5], 3, None),
+    (3, [9, 2, 1], 2, None),
+    (2, [3, 13], 1, 0.05),
+])
+def test_windows_equal_one_big_batch(world, sizes, anchor, clip):
+    windows = 4
+    results = values(run_ranks(_exact_rank, world, sizes, anchor, windows, clip))
+    reference = _reference(sizes, anchor, windows, clip)
+    for rank, (params, seen, steps) in enumerate(results):
+        assert seen == [sizes[rank]] * (windows * anchor)
+        assert steps == windows
+        for p, q in zip(params, reference):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    for params, _, _ in results[1:]:  # replicas stay bit-identical
+        for p, q in zip(params, results[0][0]):
+            assert torch.equal(p, q)
+
+
+# --- El Che on simulated heterogeneous ranks ------------------------------------------------------------------
+def _hetero_rank(rank: int, world: int, ms_per_sample: float, windows: int):
+    torch.manual_seed(0)
+    graph = Graph(_mlp())
+    cfg = DdpConfig(simulate_speeds=[1.0, 0.4], seed=1, verbose=False, timeout_s=60)
+    Trainer.setup_with(graph, lambda dev: _mlp(), _sgd, cfg)
+    x, y = _data(16 * 2 * windows)
+    graph.set_data_loader(list(zip(x, y)), batch_size=16, collate_fn=_collate)
+    for xb, yb in graph.epoch(0):
+        time.sleep(ms_per_sample * len(xb) / 1000.0)  # modelled device time, proportional to the micro-batch
+        torch.nn.functional.cross_entropy(graph.module(xb), yb).backward()
+        graph.step()
+    return graph.el_che().history
+
+
+def test_shares_converge_to_speed_ratio():
+    history = values(run_ranks(_hetero_rank, 2, 2.0, 8))[0]
+    target = 1.0 / 1.4
+    within = [abs(h["shares"][0] - target) / target <= 0.10 for h in history]
+    assert any(within[:5]), history[:5]
+    first = within.index(True)
+    assert all(within[first:]), [h["shares"] for h in history]
+    assert all(sum(h["batch_sizes"]) == 32 for h in history)
+
+
+def _anchor_rank(rank: int, world: int):
+    torch.manual_seed(0)
+
+    def build(dev=None):
+        return torch.nn.Sequential(torch.nn.Linear(FEATURES, 1024), torch.nn.Linear(1024, 1024),
+                                   torch.nn.Linear(1024, CLASSES))
+
+    graph = Graph(build())
+    cfg = DdpConfig(seed=1, verbose=False, timeout_s=60, overhead_target=0.1)
+    Trainer.setup_with(graph, build, lambda p: torch.optim.SGD(p, lr=1e-3), cfg)
+    x, y = _data(2 * 2 * 200)
+    graph.set_data_loader(list(zip(x, y)), batch_size=2, collate_fn=_collate)
+    fast, slow = [], []
+    for xb, yb in graph.epoch(0):
+        if len(fast) >= 5:
+            time.sleep(0.08)  # compute now dwarfs the all-reduce
+        torch.nn.functional.cross_entropy(graph.module(xb), yb).backward()
+        before = graph.training_step
+        graph.step()
+        if graph.training_step != before:
+            (fast if len(fast) < 5 else slow).append(graph.el_che().anchor)
+            if len(slow) >= 4:
+                break
+    return fast, slow
+
+
+def test_anchor_rises_with_overhead_then_decays():
+    fast, slow = values(run_ranks(_anchor_rank, 2))[0]
+    # 1M parameters and a near-empty forward: sync time >> 10 % of compute, so the anchor jumps up
+    assert fast[-1] > 1 and fast == sorted(fast), (fast, slow)
+    # then 80 ms of compute per micro-batch: overhead < tau / 2, so it decays by exactly one per window
+    assert [a - b for a, b in zip([fast[-1]] + slow, slow)] == [1] * len(slow), (fast, slow)
+
+
+# --- failures -------------------------------------------------------------------------------------------------
+def _failing_rank(rank: int, world: int, mode: str):
+    from flodl_hf.distributed.window import mark_failed
+
+    torch.manual_seed(0)
+    graph = Graph(_mlp())
+    Trainer.setup_with(graph, lambda dev: _mlp(), _sgd, DdpConfig(verbose=False, timeout_s=20))
+    x, y = _data(64)
+    steps = 6 if (mode == "uneven" and rank == 0) else 5
+    for i in range(steps):
+        if mode == "raise" and rank == 1 and i == 3:
+            mark_failed()  # what the excepthook does for an uncaught exception
+            raise RuntimeError("boom on rank 1")
+        if mode == "exit" and rank == 1 and i == 3:
+            os._exit(3)
+        torch.nn.functional.cross_entropy(graph.module(x[i * 8:(i + 1) * 8]), y[i * 8:(i + 1) * 8]).backward()
+        graph.step()
+    graph.close()
+    return steps
+
+
+@pytest.mark.parametrize("mode,expect", [
+    ("raise", "rank 1 failed"),
+    ("exit", "lost contact"),
+    ("uneven", "different numbers of steps"),
+])
+def test_rank_failure_stops_the_others(mode, expect):
+    start = time.monotonic()
+    results = run_ranks(_failing_rank, 2, mode, timeout=60)
+    assert time.monotonic() - start < 60
+    status, message = results[0]
+    assert status == "error", results
+    assert expect in message
+    assert "DistributedError" in message
+
+
+def test_single_device_has_no_runtime():
+    torch.manual_seed(0)
+    graph = Graph(_mlp())
+    Trainer.setup_with(graph, lambda dev: _mlp(), _sgd, DdpConfig(verbose=False))
+    assert graph.world_size == 1 and not graph.is_distributed and graph.el_che() is None
+    x, y = _data(32)
+    before = [p.detach().clone() for p in graph.module.parameters()]
+    torch.nn.functional.cross_entropy(graph.module(x), y).backward()
+    graph.step()
+    assert graph.training_step == 1
+    assert all(p.grad is None for p in graph.module.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, graph.module.parameters()))
