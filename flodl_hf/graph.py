@@ -59,7 +59,10 @@ class Graph:
         self._batch_size: int = 0
         self._collate: Optional[Callable[[list], Any]] = None
         self._seed: int = 0
-        self._last_loss: Optional[float] = None
+        self._epoch_index: Optional[int] = None  # epoch being iterated by graph.epoch()
+        self._done_in_epoch: int = 0  # micro-batches of that epoch finished by step()
+        self._resume: Optional[tuple[int, int]] = None  # (epoch, micro-batches done) from a checkpoint
+        self._scaler: Any = None  # torch.amp.GradScaler for fp16 on CUDA
 
     # --- protocol -------------------------------------------------------------------------------------------
     def graph(self) -> "Graph":
@@ -76,6 +79,11 @@ class Graph:
         self.rank, self.world_size = rank, world_size
         self._runtime = runtime
         self._seed = config.seed
+        if config.precision == "fp16" and self.device.type == "cuda":
+            if world_size > 1:
+                raise ValueError("DdpConfig.precision='fp16' with several ranks is not supported: use 'bf16' "
+                                 "(no loss scaling needed) or train on one device")
+            self._scaler = torch.amp.GradScaler("cuda")
         self.module.train()
 
     @property
@@ -108,18 +116,34 @@ class Graph:
                                "before graph.step()")
         return self.optimizer
 
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, scaled when fp16 loss scaling is active (use it instead of loss.backward() with
+        ``precision='fp16'`` on CUDA; identical to loss.backward() otherwise)."""
+        (self._scaler.scale(loss) if self._scaler is not None else loss).backward()
+
     def step(self) -> None:
         """Finish one micro-batch: on one device, optimizer step + zero_grad + scheduler; on N ranks, close the
         El Che window when it is full (reduce, clip, step) and otherwise just accumulate."""
         optimizer = self._require_optimizer()
+        if self._epoch_index is not None:
+            self._done_in_epoch += 1
         if self._runtime is not None:
             if self._runtime.micro_batch_done(self):
                 self.training_step += 1
             return
         if self.config.max_grad_norm is not None:
+            if self._scaler is not None:
+                self._scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.max_grad_norm)
         self.apply_optimizer_step(optimizer)
         self.training_step += 1
+
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._scaler is not None:
+            self._scaler.step(optimizer)
+            self._scaler.update()
+        else:
+            optimizer.step()
 
     def apply_optimizer_step(self, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
         """optimizer.step() with the LR scale applied, zero_grad, then the LR scheduler."""
@@ -128,11 +152,11 @@ class Graph:
             saved = [group["lr"] for group in optimizer.param_groups]
             for group in optimizer.param_groups:
                 group["lr"] = group["lr"] * self.lr_scale
-            optimizer.step()
+            self._optimizer_step(optimizer)
             for group, lr in zip(optimizer.param_groups, saved):
                 group["lr"] = lr
         else:
-            optimizer.step()
+            self._optimizer_step(optimizer)
         optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()
@@ -189,9 +213,18 @@ class Graph:
             raise ValueError(f"dataset of {total} samples is smaller than one global batch of {global_batch} "
                              f"({self.world_size} rank(s) x batch_size {self._batch_size}): lower batch_size or "
                              "pass drop_last=False in DdpConfig")
+        start = 0
+        if self._resume is not None:
+            resume_epoch, done = self._resume
+            if int(n) < resume_epoch:
+                return  # finished before the checkpoint
+            if int(n) == resume_epoch:
+                start = done
+            self._resume = None
         perm = epoch_permutation(total, self._seed + int(n))
         runtime = self._runtime
-        for k in range(steps):
+        self._epoch_index, self._done_in_epoch = int(n), start
+        for k in range(start, steps):
             sizes = runtime.plan_sizes() if runtime is not None else [self._batch_size]
             indices, padding = rank_slice(perm, k, global_batch, sizes, self.rank)
             items = [self._dataset[int(i)] for i in indices]
@@ -199,6 +232,29 @@ class Graph:
             if runtime is not None:
                 runtime.begin_micro_batch(len(indices) - padding, last_in_epoch=(k == steps - 1))
             yield batch
+
+    # --- checkpoints --------------------------------------------------------------------------------------
+    def position(self) -> tuple[int, int]:
+        """(epoch, micro-batches of it finished) — where a checkpoint taken now would resume."""
+        return (self._epoch_index or 0, self._done_in_epoch)
+
+    def resume_from(self, position: Sequence[int]) -> None:
+        """Make the next ``graph.epoch(n)`` calls skip what was done before ``position`` (used by checkpoints)."""
+        epoch, done = int(position[0]), int(position[1])
+        self._resume = (epoch, done)
+        self._epoch_index, self._done_in_epoch = epoch, done
+
+    def save_checkpoint(self, directory: Any, extra: Optional[dict] = None) -> Any:
+        """Write a resumable checkpoint (atomically; rank 0 writes). See ``flodl_hf.checkpoint``."""
+        from .checkpoint import save_checkpoint
+
+        return save_checkpoint(self, directory, extra)
+
+    def load_checkpoint(self, directory: Any) -> dict:
+        """Restore model, optimizer, scheduler, El Che, RNG and epoch position; returns the saved ``extra``."""
+        from .checkpoint import load_checkpoint
+
+        return load_checkpoint(self, directory)
 
     # --- end of training ------------------------------------------------------------------------------------
     def close(self) -> None:

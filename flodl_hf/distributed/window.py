@@ -123,6 +123,10 @@ class WindowRuntime:
             return int(self.el_che.anchor)
         return int(self.config.anchor or 1)
 
+    def pending_micro_batches(self) -> int:
+        """Micro-batches accumulated in the current, not yet reduced, window."""
+        return self._micro_batches
+
     # --- per micro-batch ----------------------------------------------------------------------------------
     def _reset_window(self) -> None:
         self._micro_batches = 0

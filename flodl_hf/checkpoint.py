@@ -1,0 +1,155 @@
+"""Checkpoint and resume for a Graph: everything needed to continue a run as if it had never stopped.
+
+A checkpoint is one file, ``<dir>/checkpoint.pt``, written atomically by rank 0 (replicas are identical): the
+module's weights, the optimizer and LR-scheduler states, the El Che state, every rank's RNG states (torch, CUDA,
+Python, NumPy), the epoch position (epoch, micro-batches done in it), the optimizer step count and the data plan
+(batch size, world size, seed). Resuming restores all of it; ``graph.epoch(n)`` then skips what was done, so the
+user's loop runs unchanged and, on CPU, reproduces the uninterrupted run's losses exactly.
+
+Checkpoints are taken at a window boundary (right after a ``graph.step()`` that stepped the optimizer).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+import torch
+
+from .atomic import atomic_path
+
+if TYPE_CHECKING:
+    from .graph import Graph
+
+__all__ = ["CHECKPOINT_FILE", "CheckpointError", "save_checkpoint", "load_checkpoint", "find_checkpoint"]
+
+CHECKPOINT_FILE = "checkpoint.pt"
+FORMAT = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, unreadable, or does not fit the run that tries to resume from it."""
+
+
+def _rng_state() -> dict:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+
+
+def _gather_rng(graph: "Graph") -> list[dict]:
+    own = _rng_state()
+    if not graph.is_distributed:
+        return [own]
+    import torch.distributed as dist
+
+    gathered: list[Optional[dict]] = [None] * graph.world_size
+    dist.all_gather_object(gathered, own)
+    return [g for g in gathered if g is not None]
+
+
+def find_checkpoint(directory: Union[str, Path]) -> Optional[Path]:
+    """The checkpoint file in ``directory`` if there is one."""
+    path = Path(directory) / CHECKPOINT_FILE
+    return path if path.is_file() else None
+
+
+def save_checkpoint(graph: "Graph", directory: Union[str, Path], extra: Optional[dict] = None) -> Optional[Path]:
+    """Write ``<directory>/checkpoint.pt`` atomically (rank 0 writes; every rank must call it). Returns the path
+    on rank 0, None elsewhere."""
+    runtime = graph._runtime
+    if runtime is not None and runtime.pending_micro_batches() > 0:
+        raise CheckpointError("save_checkpoint in the middle of an El Che window: call it right after a "
+                              "graph.step() that stepped the optimizer (graph.training_step changed)")
+    rng = _gather_rng(graph)
+    if not graph.is_main:
+        return None
+    el_che = graph.el_che()
+    state = {
+        "format": FORMAT,
+        "model": {k: v.detach().cpu() for k, v in graph.module.state_dict().items()},
+        "optimizer": graph.optimizer.state_dict() if graph.optimizer is not None else None,
+        "scheduler": graph.scheduler.state_dict() if graph.scheduler is not None else None,
+        "el_che": el_che.state_dict() if el_che is not None else None,
+        "rng": rng,
+        "position": graph.position(),
+        "training_step": graph.training_step,
+        "plan": {"world_size": graph.world_size, "batch_size": graph._batch_size, "seed": graph._seed},
+        "extra": extra or {},
+    }
+    target = Path(directory) / CHECKPOINT_FILE
+    with atomic_path(target) as tmp:
+        torch.save(state, tmp)
+    return target
+
+
+def _load_file(path: Path) -> dict:
+    if path.is_dir():
+        path = path / CHECKPOINT_FILE
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}: pass a directory written by graph.save_checkpoint "
+                              "(or `flodl-hf train --resume DIR` with such a directory)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise CheckpointError(f"checkpoint {path} is unreadable ({type(exc).__name__}: {exc}); it may be from "
+                              "another program or damaged") from exc
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a flodl-hf checkpoint (format {FORMAT} expected)")
+    return state
+
+
+def load_checkpoint(graph: "Graph", directory: Union[str, Path]) -> dict:
+    """Restore ``graph`` (already set up, with its data loader set) from a checkpoint; returns its ``extra``."""
+    state = _load_file(Path(directory))
+    plan = state["plan"]
+    if plan["world_size"] != graph.world_size:
+        raise CheckpointError(f"checkpoint was written by {plan['world_size']} rank(s) but this run has "
+                              f"{graph.world_size}: resume with the same number of devices")
+    if graph._batch_size and plan["batch_size"] and plan["batch_size"] != graph._batch_size:
+        raise CheckpointError(f"checkpoint used batch_size {plan['batch_size']} but this run uses "
+                              f"{graph._batch_size}: resume with the same batch size")
+    own = graph.module.state_dict()
+    saved = state["model"]
+    missing = sorted(set(own) - set(saved))
+    unexpected = sorted(set(saved) - set(own))
+    shapes = [k for k in own if k in saved and tuple(own[k].shape) != tuple(saved[k].shape)]
+    if missing or unexpected or shapes:
+        detail = "; ".join(part for part in (
+            f"missing {missing[:3]}" if missing else "", f"unexpected {unexpected[:3]}" if unexpected else "",
+            f"shape mismatch {shapes[:3]}" if shapes else "") if part)
+        raise CheckpointError(f"checkpoint does not fit this model ({detail}): resume with the same model and "
+                              "number of labels")
+    graph.module.load_state_dict(saved)
+    if state["optimizer"] is not None and graph.optimizer is not None:
+        graph.optimizer.load_state_dict(state["optimizer"])
+    if state["scheduler"] is not None and graph.scheduler is not None:
+        graph.scheduler.load_state_dict(state["scheduler"])
+    el_che = graph.el_che()
+    if state["el_che"] is not None and el_che is not None:
+        el_che.load_state_dict(state["el_che"])
+    rng = state["rng"]
+    _set_rng_state(rng[graph.rank] if graph.rank < len(rng) else rng[0])
+    graph.training_step = int(state["training_step"])
+    graph._seed = int(plan["seed"])
+    graph.resume_from(state["position"])
+    return dict(state.get("extra") or {})
