@@ -22,13 +22,13 @@ from .atomic import atomic_path
 if TYPE_CHECKING:
     from .graph import Graph
 
-__all__ = ["CHECKPOINT_FILE", "CheckpointError", "save_checkpoint", "load_checkpoint", "find_checkpoint"]
+__all__ = ["CHECKPOINT_FILE", "ResumeError", "save_checkpoint", "load_checkpoint", "find_checkpoint"]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT = 1
 
 
-class CheckpointError(ValueError):
+class ResumeError(ValueError):
     """A checkpoint is missing, unreadable, or does not fit the run that tries to resume from it."""
 
 
@@ -78,7 +78,7 @@ def save_checkpoint(graph: "Graph", directory: Union[str, Path], extra: Optional
     on rank 0, None elsewhere."""
     runtime = graph._runtime
     if runtime is not None and runtime.pending_micro_batches() > 0:
-        raise CheckpointError("save_checkpoint in the middle of an El Che window: call it right after a "
+        raise ResumeError("save_checkpoint in the middle of an El Che window: call it right after a "
                               "graph.step() that stepped the optimizer (graph.training_step changed)")
     rng = _gather_rng(graph)
     if not graph.is_main:
@@ -106,15 +106,15 @@ def _load_file(path: Path) -> dict:
     if path.is_dir():
         path = path / CHECKPOINT_FILE
     if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}: pass a directory written by graph.save_checkpoint "
+        raise ResumeError(f"no checkpoint at {path}: pass a directory written by graph.save_checkpoint "
                               "(or `flodl-hf train --resume DIR` with such a directory)")
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:
-        raise CheckpointError(f"checkpoint {path} is unreadable ({type(exc).__name__}: {exc}); it may be from "
+        raise ResumeError(f"checkpoint {path} is unreadable ({type(exc).__name__}: {exc}); it may be from "
                               "another program or damaged") from exc
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a flodl-hf checkpoint (format {FORMAT} expected)")
+        raise ResumeError(f"{path} is not a flodl-hf checkpoint (format {FORMAT} expected)")
     return state
 
 
@@ -123,10 +123,10 @@ def load_checkpoint(graph: "Graph", directory: Union[str, Path]) -> dict:
     state = _load_file(Path(directory))
     plan = state["plan"]
     if plan["world_size"] != graph.world_size:
-        raise CheckpointError(f"checkpoint was written by {plan['world_size']} rank(s) but this run has "
+        raise ResumeError(f"checkpoint was written by {plan['world_size']} rank(s) but this run has "
                               f"{graph.world_size}: resume with the same number of devices")
     if graph._batch_size and plan["batch_size"] and plan["batch_size"] != graph._batch_size:
-        raise CheckpointError(f"checkpoint used batch_size {plan['batch_size']} but this run uses "
+        raise ResumeError(f"checkpoint used batch_size {plan['batch_size']} but this run uses "
                               f"{graph._batch_size}: resume with the same batch size")
     own = graph.module.state_dict()
     saved = state["model"]
@@ -137,7 +137,7 @@ def load_checkpoint(graph: "Graph", directory: Union[str, Path]) -> dict:
         detail = "; ".join(part for part in (
             f"missing {missing[:3]}" if missing else "", f"unexpected {unexpected[:3]}" if unexpected else "",
             f"shape mismatch {shapes[:3]}" if shapes else "") if part)
-        raise CheckpointError(f"checkpoint does not fit this model ({detail}): resume with the same model and "
+        raise ResumeError(f"checkpoint does not fit this model ({detail}): resume with the same model and "
                               "number of labels")
     graph.module.load_state_dict(saved)
     if state["optimizer"] is not None and graph.optimizer is not None:

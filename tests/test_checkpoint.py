@@ -15,7 +15,7 @@ import torch
 import tiny_models
 from dist_helpers import run_ranks, values
 from flodl_hf import DdpConfig, Graph, Trainer
-from flodl_hf.checkpoint import CheckpointError
+from flodl_hf.checkpoint import ResumeError
 from heads import AutoHeadForSequenceClassification
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,17 +62,17 @@ def test_incompatible_checkpoints_are_refused(tmp_path):
     head, graph = _head()
     _train(head, graph, epochs=1, stop_after=2, ckpt=tmp_path)
     _, other = _head(num_labels=3)
-    with pytest.raises(CheckpointError, match="does not fit this model.*classifier"):
+    with pytest.raises(ResumeError, match="does not fit this model.*classifier"):
         other.load_checkpoint(tmp_path)
     _, graph2 = _head()
     graph2.set_data_loader(tiny_models.toy_task(64, seed=1), batch_size=4, collate_fn=head.collate)
-    with pytest.raises(CheckpointError, match="batch_size 8 but this run uses 4"):
+    with pytest.raises(ResumeError, match="batch_size 8 but this run uses 4"):
         graph2.load_checkpoint(tmp_path)
-    with pytest.raises(CheckpointError, match="no checkpoint at"):
+    with pytest.raises(ResumeError, match="no checkpoint at"):
         graph2.load_checkpoint(tmp_path / "nowhere")
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "checkpoint.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match="unreadable"):
+    with pytest.raises(ResumeError, match="unreadable"):
         graph2.load_checkpoint(tmp_path / "junk")
 
 

@@ -98,7 +98,6 @@ def test_two_nodes_on_localhost(tiny_job):
 
 @pytest.mark.slow
 def test_accelerate_launch_two_cpu_processes(tiny_job):
-    pytest.importorskip("accelerate", reason="accelerate is a dev dependency")
     # accelerate's --cpu flag runs multi-process only through mpirun; --multi_gpu goes through torchrun, which on
     # a machine without CUDA gives CPU ranks (flodl-hf then picks gloo).
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
