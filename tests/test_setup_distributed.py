@@ -197,3 +197,43 @@ def test_single_device_has_no_runtime():
     assert graph.training_step == 1
     assert all(p.grad is None for p in graph.module.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, graph.module.parameters()))
+
+
+# --- epoch coverage -------------------------------------------------------------------------------------------
+def _coverage_rank(rank: int, world: int, max_anchor):
+    torch.manual_seed(0)
+    graph = Graph(torch.nn.Linear(1, 1))
+    speeds = [1.0, 0.5, 0.25][:world]
+    cfg = DdpConfig(simulate_speeds=speeds, seed=11, verbose=False, timeout_s=60, max_anchor=max_anchor)
+    Trainer.setup_with(graph, lambda dev: torch.nn.Linear(1, 1), _sgd, cfg)
+    graph.set_data_loader(list(range(203)), batch_size=8, collate_fn=lambda items: torch.tensor(items))
+    epochs, sizes = [], []
+    for epoch in range(2):
+        seen = []
+        for batch in graph.epoch(epoch):
+            time.sleep(0.0005 * len(batch))
+            seen.extend(batch.tolist())
+            sizes.append(len(batch))
+            graph.module(batch.float().unsqueeze(1)).sum().backward()
+            graph.step()
+        epochs.append(seen)
+    return epochs, sizes, graph.el_che().anchor
+
+
+@pytest.mark.parametrize("max_anchor", [None, 0])
+def test_epochs_are_disjoint_and_complete(max_anchor):
+    world = 3
+    results = values(run_ranks(_coverage_rank, world, max_anchor))
+    steps = 203 // (world * 8)
+    for epoch in range(2):
+        per_rank = [r[0][epoch] for r in results]
+        union = [i for seen in per_rank for i in seen]
+        assert len(union) == len(set(union)) == steps * world * 8  # disjoint, drop_last
+        perm = epoch_permutation(203, 11 + epoch)[: steps * world * 8].tolist()
+        assert sorted(union) == sorted(perm)  # complete: exactly the epoch's first S*W*B positions
+    sizes = [r[1] for r in results]
+    if max_anchor == 0:
+        assert all(s == 8 for rank_sizes in sizes for s in rank_sizes)  # El Che off: equal split, plain DDP
+        assert all(r[2] == 1 for r in results)
+    else:
+        assert sizes[0][-1] > sizes[2][-1]  # the fastest rank ends with the largest micro-batches
