@@ -1,0 +1,223 @@
+"""``DdpBuilder``: the chainable description of a builder-mode run, and ``run()``, which starts it.
+
+It exists as the one place where a user's settings become processes: validate everything in the caller (one
+ValueError naming every bad setting), then either run in a thread on one device, or spawn one worker process
+per device (models and optimizers are built inside the workers from the picklable factories) and start the
+coordinator thread. Switching policy or backend is one line: ``.policy(ApplyPolicy.ASYNC)`` /
+``.backend(AverageBackend.CPU)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+from .handle import DdpHandle
+from .settings import BuilderSettings
+from .types import ApplyPolicy, AverageBackend
+
+__all__ = ["DdpBuilder"]
+
+log = logging.getLogger("flodl_hf.builder")
+
+
+class DdpBuilder:
+    """Builder mode: the framework owns the training loop (local SGD, averaged per policy).
+
+    ``model_factory(device) -> nn.Module``, ``optim_factory(params) -> Optimizer`` and ``train_fn(model,
+    batch) -> loss`` run inside the worker processes, so on 2+ devices they must be picklable: module-level
+    functions or ``functools.partial`` of them (lambdas and nested functions are not). ``train_fn`` only
+    computes the loss; the builder calls backward, clipping, the optimizer step and the scheduler. Batches are
+    collated with ``torch.utils.data.default_collate`` (or ``.collate_fn``) and moved to the worker's device.
+    """
+
+    def __init__(
+        self,
+        model_factory: Callable[..., Any],
+        optim_factory: Callable[..., Any],
+        train_fn: Callable[..., Any],
+    ) -> None:
+        self._s = BuilderSettings(model_factory=model_factory, optim_factory=optim_factory, train_fn=train_fn)
+
+    def _set(self, **kw: Any) -> "DdpBuilder":
+        for k, v in kw.items():
+            setattr(self._s, k, v)
+        return self
+
+    # -- data ------------------------------------------------------------------------------------------------
+    def dataset(self, ds: Any) -> "DdpBuilder":
+        """Any sized, indexable dataset (``len(ds)``, ``ds[i]``); workers receive it by pickling."""
+        return self._set(dataset=ds)
+
+    def batch_size(self, n: int) -> "DdpBuilder":
+        """Batch size per device (every batch of every rank has this size; the incomplete last one is
+        dropped)."""
+        return self._set(batch_size=n)
+
+    def num_epochs(self, n: int) -> "DdpBuilder":
+        return self._set(num_epochs=n)
+
+    def collate_fn(self, fn: Callable[[list], Any]) -> "DdpBuilder":
+        """Turn a list of dataset items into a batch (default ``torch.utils.data.default_collate``)."""
+        return self._set(collate_fn=fn)
+
+    def seed(self, n: int) -> "DdpBuilder":
+        """Seed of the data order (epoch e uses permutation ``seed + e``) and of model construction."""
+        return self._set(seed=n)
+
+    # -- averaging -------------------------------------------------------------------------------------------
+    def policy(self, p: ApplyPolicy) -> "DdpBuilder":
+        """When to average: ``ApplyPolicy.SYNC``, ``CADENCE`` (default) or ``ASYNC``."""
+        return self._set(policy=p)
+
+    def backend(self, b: AverageBackend) -> "DdpBuilder":
+        """How to average: ``AverageBackend.NCCL`` (default: the process group's all-reduce) or ``CPU``."""
+        return self._set(backend=b)
+
+    def anchor(self, n: int) -> "DdpBuilder":
+        """Initial El Che anchor: batches of the slowest rank per averaging window (default 10)."""
+        return self._set(anchor=n)
+
+    def max_anchor(self, n: int) -> "DdpBuilder":
+        """Upper bound of the auto-tuned anchor (default 200); 0 disables El Che (average every batch)."""
+        return self._set(max_anchor=n)
+
+    def overhead_target(self, f: float) -> "DdpBuilder":
+        """Wanted ceiling of averaging time / compute time, in [0.01, 0.5] (default 0.10)."""
+        return self._set(overhead_target=f)
+
+    def max_batch_diff(self, n: int) -> "DdpBuilder":
+        """Limit how far a count moves per window and how many batches a rank may run beyond its count."""
+        return self._set(max_batch_diff=n)
+
+    def divergence_threshold(self, f: float) -> "DdpBuilder":
+        """Relative replica divergence above which a rising trend stops anchor growth (4x it halves the
+        anchor)."""
+        return self._set(divergence_threshold=f, divergence_guard=True)
+
+    def no_divergence_guard(self) -> "DdpBuilder":
+        return self._set(divergence_guard=False)
+
+    def round_timeout(self, seconds: float) -> "DdpBuilder":
+        """CPU backend: a worker that does not answer a round within this time is left out of it (default 5
+        s)."""
+        return self._set(round_timeout_s=seconds)
+
+    def timeout(self, seconds: float) -> "DdpBuilder":
+        """Timeout of the workers' process group (collectives), default 60 s."""
+        return self._set(timeout_s=seconds)
+
+    # -- optimisation ----------------------------------------------------------------------------------------
+    def max_grad_norm(self, f: float) -> "DdpBuilder":
+        """Clip each local gradient to this norm before the optimizer step."""
+        return self._set(max_grad_norm=f)
+
+    def scheduler(self, factory: Callable[[Any], Any]) -> "DdpBuilder":
+        """``factory(optimizer) -> LR scheduler``, stepped after every local optimizer step (picklable)."""
+        return self._set(scheduler=factory)
+
+    def lr_scale_ratio(self, f: float) -> "DdpBuilder":
+        """Multiply the learning rate by ``1 + (world_size - 1) * f`` (f in [0, 1], default 0: no scaling)."""
+        return self._set(lr_scale_ratio=f)
+
+    # -- hooks and output ------------------------------------------------------------------------------------
+    def checkpoint_every(self, n: int) -> "DdpBuilder":
+        """Write a checkpoint of the averaged model every ``n`` epochs (and after the last one)."""
+        return self._set(checkpoint_every=n)
+
+    def checkpoint_fn(self, fn: Callable[[int], Any]) -> "DdpBuilder":
+        """``fn(epoch) -> path`` of the checkpoint file to write (atomically); enables ``checkpoint_every(1)``
+        unless another interval is set."""
+        if self._s.checkpoint_every is None:
+            self._s.checkpoint_every = 1
+        return self._set(checkpoint_fn=fn)
+
+    def epoch_fn(self, fn: Callable[[int, Any], None]) -> "DdpBuilder":
+        """``fn(epoch, model)``, called on every worker before its first batch of each epoch (picklable)."""
+        return self._set(epoch_fn=fn)
+
+    def metrics_fn(self, fn: Callable[[Any], None]) -> "DdpBuilder":
+        """``fn(EpochMetrics)``, called in the caller's process after each epoch."""
+        return self._set(metrics_fn=fn)
+
+    def progress(self, enabled: bool = True) -> "DdpBuilder":
+        """Show the caller-side progress bar (default True)."""
+        return self._set(progress=enabled)
+
+    # -- devices ---------------------------------------------------------------------------------------------
+    def devices(self, devices: Sequence[str]) -> "DdpBuilder":
+        """One worker per entry, e.g. ``["cpu", "cpu"]`` or ``["cuda:0", "cuda:1"]`` (default: every GPU, else
+        one CPU)."""
+        return self._set(devices=devices)
+
+    def simulate_speeds(self, speeds: Optional[Sequence[float]]) -> "DdpBuilder":
+        """SIMULATION for tests and benchmarks: worker r stretches each batch's time to ``compute /
+        speeds[r]`` by sleeping, as a slower device would. Values in (0, 1]."""
+        return self._set(simulate_speeds=speeds)
+
+    def start_method(self, name: str) -> "DdpBuilder":
+        """How workers start: ``"spawn"`` (default, a fresh interpreter per worker) or ``"forkserver"``
+        (forked from a server process of the caller that imported torch once: starts in well under a second
+        after the first run, for notebooks and test suites; the server lives as long as the caller's process).
+        """
+        return self._set(start_method=name)
+
+    # -- run -------------------------------------------------------------------------------------------------
+    def run(self) -> DdpHandle:
+        """Validate every setting, start the run and return its handle at once."""
+        s = self._s
+        devices = s.validate()
+        from .step import Recipe
+
+        world = len(devices)
+        recipe = Recipe(
+            model_factory=s.model_factory,
+            optim_factory=s.optim_factory,
+            train_fn=s.train_fn,
+            dataset=s.dataset,
+            batch_size=int(s.batch_size),
+            seed=int(s.seed),
+            collate_fn=s.collate_fn,
+            scheduler=s.scheduler,
+            epoch_fn=s.epoch_fn,
+            max_grad_norm=None if s.max_grad_norm is None else float(s.max_grad_norm),
+            lr_scale=1.0 + (world - 1) * float(s.lr_scale_ratio),
+        )
+        if world == 1:
+            from .local import LocalRunner
+
+            runner: Any = LocalRunner(s, recipe, devices[0])
+        else:
+            runner = self._start_workers(recipe, devices)
+        thread = threading.Thread(target=runner.run, name="flodl-hf-builder", daemon=True)
+        thread.start()
+        return DdpHandle(runner, thread, devices)
+
+    def _start_workers(self, recipe: Any, devices: list[str]) -> Any:
+        from .coordinator import Coordinator
+        from .lifecycle import start_workers
+
+        s = self._s
+        workers = start_workers(s, recipe, devices)
+        if s.progress:
+            kind = "gloo" if any(d == "cpu" for d in devices) else "nccl"
+            how = (
+                f"NCCL ({kind} all-reduce)"
+                if s.backend is AverageBackend.NCCL
+                else "CPU (coordinator averages)"
+            )
+            sim = f" | SIMULATED speeds {workers.speeds}" if s.simulate_speeds is not None else ""
+            print(
+                f"flodl-hf builder: {len(devices)} workers ({', '.join(devices)}) | policy {s.policy.name} | "
+                f"backend {how} | El Che anchor {s.anchor}{sim}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if s.simulate_speeds is not None:
+            log.info(
+                "flodl-hf builder: SIMULATION: worker speeds %s (batch times stretched by sleeping)",
+                workers.speeds,
+            )
+        return Coordinator(s, workers)

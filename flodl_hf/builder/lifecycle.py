@@ -1,0 +1,148 @@
+"""Worker process lifecycle: start one process per device, wait until each is ready, and stop them all.
+
+Why it exists: starting and reaping processes is where a multi-process run hangs or leaks if done carelessly,
+so it is kept in one small place with one rule: every wait is bounded. Starting pickles everything a worker
+needs (a pickling failure becomes a ValueError that says what to change); waiting for "ready" watches each
+process and the clock; stopping asks politely ("stop" command), then terminates, then kills, always reaping.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from ..distributed.context import DistributedError
+from .board import Board
+from .settings import BuilderSettings
+from .step import Recipe
+from .types import AverageBackend
+
+__all__ = ["Workers", "start_workers", "wait_ready", "stop_workers"]
+
+# torch._dynamo is what makes building the first optimizer slow (seconds): import it once, in the server.
+_FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "flodl_hf.builder.worker"]
+
+
+@dataclass
+class Workers:
+    """The started worker processes and what connects them to the coordinator."""
+
+    procs: list[Any]
+    events: Any
+    cmds: list[Any]
+    board: Board
+    devices: list[str]
+    speeds: list[float]
+    startup_timeout_s: float
+
+
+def start_workers(s: BuilderSettings, recipe: Recipe, devices: list[str]) -> Workers:
+    """Start one worker process per device (``s.start_method``); ValueError if they cannot be started."""
+    import torch.multiprocessing as tmp
+
+    from ..distributed.launch import free_port
+    from .worker import WorkerSpec, worker_main
+
+    world = len(devices)
+    ctx = tmp.get_context(s.start_method)
+    if s.start_method == "forkserver":
+        ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)
+    n_cpu = sum(1 for d in devices if d == "cpu")
+    speeds = [float(v) for v in s.simulate_speeds] if s.simulate_speeds is not None else [1.0] * world
+    spec = WorkerSpec(
+        recipe=recipe,
+        devices=devices,
+        speeds=speeds,
+        policy=s.policy.value,
+        backend=s.backend.value,
+        port=free_port() if s.backend is AverageBackend.NCCL else 0,
+        timeout_s=float(s.timeout_s),
+        startup_timeout_s=max(120.0, float(s.timeout_s)),
+        threads=max(1, (os.cpu_count() or 1) // max(1, n_cpu)),
+        parent_pid=os.getpid(),
+    )
+    board = Board.create(world, ctx)
+    events = ctx.Queue()
+    cmds = [ctx.Queue() for _ in range(world)]
+    procs = [
+        ctx.Process(
+            target=worker_main,
+            args=(r, spec, events, cmds[r], board.array),
+            daemon=True,
+            name=f"flodl-hf-worker-{r}",
+        )
+        for r in range(world)
+    ]
+    started = []
+    try:
+        for p in procs:
+            p.start()
+            started.append(p)
+    except Exception as exc:
+        for p in started:
+            p.kill()
+            p.join(timeout=2.0)
+        raise ValueError(
+            f"the builder could not start its workers ({type(exc).__name__}: {exc}). Everything a worker "
+            "needs (dataset, model_factory, optim_factory, train_fn, collate_fn, scheduler, epoch_fn) "
+            "reaches it by pickling: use module-level functions or functools.partial, and a dataset "
+            "without open files, locks or lambdas"
+        ) from exc
+    return Workers(procs, events, cmds, board, devices, speeds, spec.startup_timeout_s)
+
+
+def wait_ready(
+    w: Workers, get: Callable[[float], Optional[tuple]], cancelled: Callable[[], bool]
+) -> dict[int, tuple]:
+    """Wait (bounded) for every worker's "ready" message; fail fast on an error, a death or the timeout."""
+    ready: dict[int, tuple] = {}
+    world = len(w.procs)
+    deadline = time.monotonic() + w.startup_timeout_s
+    while len(ready) < world:
+        if cancelled():
+            raise RuntimeError("the builder run was cancelled")
+        msg = get(0.05)
+        if msg is not None:
+            if msg[0] == "error":
+                raise RuntimeError(f"worker {msg[1]} ({w.devices[msg[1]]}) failed while starting:\n{msg[2]}")
+            if msg[0] == "ready":
+                ready[msg[1]] = msg
+            continue
+        for r, p in enumerate(w.procs):
+            if r not in ready and not p.is_alive():
+                last = get(0.5)  # its last words, if any
+                detail = f":\n{last[2]}" if last is not None and last[0] == "error" else ""
+                raise DistributedError(
+                    f"worker {r} ({w.devices[r]}) exited with code {p.exitcode} before it was ready{detail}"
+                )
+        if time.monotonic() > deadline:
+            missing = sorted(set(range(world)) - set(ready))
+            raise DistributedError(f"workers {missing} were not ready within {w.startup_timeout_s:.0f} s")
+    return ready
+
+
+def stop_workers(w: Workers, grace_s: float = 5.0) -> None:
+    """Ask every worker to stop, then terminate, then kill whatever is left; reap all; close the queues."""
+    for q in w.cmds:
+        try:
+            q.put(("stop",))
+        except Exception:  # noqa: BLE001 - a closed queue: the worker is gone anyway
+            pass
+    deadline = time.monotonic() + grace_s
+    for p in w.procs:
+        p.join(timeout=max(0.05, deadline - time.monotonic()))
+    for p in w.procs:
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=2.0)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=2.0)
+    for q in [w.events, *w.cmds]:
+        try:
+            q.cancel_join_thread()  # never block this process's exit on messages nobody will read
+            q.close()
+        except Exception:  # noqa: BLE001 - best effort
+            pass

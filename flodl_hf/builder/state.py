@@ -1,0 +1,174 @@
+"""A model's state as flat float32 vectors: what an average moves, and how it goes back into the model.
+
+Why it exists: an average should cost one all-reduce (collective backend) or one message (CPU backend), not
+one per tensor, and the coordinator must rebuild a ``state_dict`` it can hand to the user without ever
+building the model. :class:`ModelState` binds to a live model (worker side) and flattens its floating
+parameters and floating buffers separately (parameters are averaged weighted by batches, buffers plainly);
+:class:`Layout` is the picklable description of ``model.state_dict()`` that the coordinator uses to unflatten.
+Tied weights appear once. Non-floating buffers (counters, position ids) are not averaged: they travel as-is.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+__all__ = ["Layout", "Entry", "ModelState", "state_from_flat", "weighted_mean", "relative_distance"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: str
+    shape: tuple[int, ...]
+    dtype: str
+    kind: str  # "param", "buffer" (floating) or "other"
+    alias_of: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Picklable description of a model's ``state_dict`` (no tensors)."""
+
+    entries: tuple[Entry, ...]
+
+    @property
+    def param_numel(self) -> int:
+        return sum(_numel(e.shape) for e in self.entries if e.kind == "param" and e.alias_of is None)
+
+    @property
+    def buffer_numel(self) -> int:
+        return sum(_numel(e.shape) for e in self.entries if e.kind == "buffer" and e.alias_of is None)
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+class ModelState:
+    """Flat views of one live model (worker side)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        state = model.state_dict(keep_vars=True)
+        param_ids = {id(p) for p in model.parameters()}
+        first_key: dict[int, str] = {}
+        entries: list[Entry] = []
+        self.params: list[torch.Tensor] = []
+        self.buffers: list[torch.Tensor] = []
+        self.others: dict[str, torch.Tensor] = {}
+        for key, t in state.items():
+            shape, dtype = tuple(t.shape), str(t.dtype).replace("torch.", "")
+            if id(t) in first_key:
+                kind = next(e.kind for e in entries if e.key == first_key[id(t)])
+                entries.append(Entry(key, shape, dtype, kind, alias_of=first_key[id(t)]))
+                continue
+            first_key[id(t)] = key
+            if id(t) in param_ids and t.is_floating_point():
+                kind = "param"
+                self.params.append(t)
+            elif t.is_floating_point():
+                kind = "buffer"
+                self.buffers.append(t)
+            else:
+                kind = "other"
+                self.others[key] = t
+            entries.append(Entry(key, shape, dtype, kind))
+        self.layout = Layout(tuple(entries))
+
+    @staticmethod
+    def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+        if not tensors:
+            return torch.zeros(0, dtype=torch.float32)
+        return torch.cat([t.detach().reshape(-1).to(device="cpu", dtype=torch.float32) for t in tensors])
+
+    def flat_params(self) -> torch.Tensor:
+        """A new CPU float32 vector of every floating parameter."""
+        return self._flat(self.params)
+
+    def flat_buffers(self) -> torch.Tensor:
+        return self._flat(self.buffers)
+
+    def flat_params_on(self, device: torch.device) -> torch.Tensor:
+        """Parameters as one float32 vector on ``device`` (for the collective backend)."""
+        if not self.params:
+            return torch.zeros(0, dtype=torch.float32, device=device)
+        return torch.cat([t.detach().reshape(-1).to(device=device, dtype=torch.float32) for t in self.params])
+
+    def flat_buffers_on(self, device: torch.device) -> torch.Tensor:
+        if not self.buffers:
+            return torch.zeros(0, dtype=torch.float32, device=device)
+        return torch.cat(
+            [t.detach().reshape(-1).to(device=device, dtype=torch.float32) for t in self.buffers]
+        )
+
+    @staticmethod
+    @torch.no_grad()
+    def _load(tensors: list[torch.Tensor], flat: torch.Tensor, add: bool = False) -> None:
+        offset = 0
+        for t in tensors:
+            n = t.numel()
+            value = flat[offset : offset + n].view(t.shape).to(device=t.device, dtype=t.dtype)
+            if add:
+                t.add_(value)
+            else:
+                t.copy_(value)
+            offset += n
+
+    def load_params(self, flat: torch.Tensor) -> None:
+        self._load(self.params, flat)
+
+    def add_to_params(self, delta: torch.Tensor) -> None:
+        self._load(self.params, delta, add=True)
+
+    def load_buffers(self, flat: torch.Tensor) -> None:
+        self._load(self.buffers, flat)
+
+    def other_values(self) -> dict[str, torch.Tensor]:
+        """Non-floating buffers, as CPU copies."""
+        return {k: v.detach().to("cpu").clone() for k, v in self.others.items()}
+
+    def state_dict_cpu(self) -> "OrderedDict[str, torch.Tensor]":
+        return state_from_flat(self.layout, self.flat_params(), self.flat_buffers(), self.other_values())
+
+
+def state_from_flat(
+    layout: Layout, params: torch.Tensor, buffers: torch.Tensor, others: dict[str, torch.Tensor]
+) -> "OrderedDict[str, torch.Tensor]":
+    """Rebuild a ``state_dict`` (CPU tensors of the original dtypes) from flat vectors."""
+    out: "OrderedDict[str, torch.Tensor]" = OrderedDict()
+    offsets = {"param": 0, "buffer": 0}
+    flats = {"param": params, "buffer": buffers}
+    for e in layout.entries:
+        if e.alias_of is not None:
+            out[e.key] = out[e.alias_of]
+        elif e.kind == "other":
+            out[e.key] = others[e.key]
+        else:
+            n = _numel(e.shape)
+            start = offsets[e.kind]
+            offsets[e.kind] = start + n
+            out[e.key] = flats[e.kind][start : start + n].view(e.shape).to(getattr(torch, e.dtype)).clone()
+    return out
+
+
+def weighted_mean(flats: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+    """``sum(w_r * x_r) / sum(w_r)``."""
+    total = float(sum(weights))
+    out = torch.zeros_like(flats[0])
+    for x, w in zip(flats, weights, strict=True):
+        out.add_(x, alpha=float(w) / total)
+    return out
+
+
+def relative_distance(x: torch.Tensor, avg: torch.Tensor) -> float:
+    """``||x - avg|| / ||avg||`` (0 when the average is the zero vector and x equals it)."""
+    if avg.numel() == 0:
+        return 0.0
+    den = float(avg.norm())
+    num = float((x - avg).norm())
+    return num / den if den > 0 else (0.0 if num == 0 else float("inf"))
