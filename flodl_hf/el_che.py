@@ -386,6 +386,21 @@ class ElChe:
                     new[r] = max(1, min(max(new[r], prev[r] - d), prev[r] + d))
         return new
 
+    def set_anchor(self, anchor: int) -> None:
+        """Move the anchor from outside (e.g. builder mode's divergence guard) and recompute the plan.
+
+        An anchor below ``min_anchor`` lowers the floor to it (the caller asked for a smaller window on purpose);
+        one above ``max_anchor`` is a ValueError. Ignored while El Che is disabled.
+        """
+        _check_int("anchor", anchor, 1, "use an anchor >= 1")
+        if not self._enabled:
+            return
+        if anchor > self._max_anchor:
+            raise ValueError(f"anchor={anchor} is above max_anchor={self._max_anchor}: use a value <= max_anchor")
+        self._min_anchor = min(self._min_anchor, int(anchor))
+        self._anchor = int(anchor)
+        self._plan = self._compute_plan(dead_zone=False)
+
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable snapshot; see "Checkpoint behaviour" in the class docstring."""
         return {

@@ -410,3 +410,17 @@ def test_import_does_not_load_torch():
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
     )
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_set_anchor_moves_the_window_and_lowers_the_floor():
+    el = ElChe(2, mode="builder", anchor=10, max_anchor=40)
+    el.report([500, 1000], [10, 10], 10)
+    assert el.counts() == [20, 10]
+    el.set_anchor(4)  # below the builder floor (the initial anchor): allowed, lowers it
+    assert el.anchor == 4 and el.counts() == [8, 4]
+    el.report([80, 160], [4, 4], 1)  # overhead < tau / 2: decays towards the new floor
+    assert el.anchor == 4
+    with pytest.raises(ValueError, match="above max_anchor=40"):
+        el.set_anchor(41)
+    with pytest.raises(ValueError, match="anchor"):
+        el.set_anchor(0)

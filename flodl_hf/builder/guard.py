@@ -9,9 +9,8 @@ average the workers measure how far each rank's pre-average parameters were from
   Che's own overhead rule is undone for that round);
 - above ``4 x threshold``: the anchor is halved (at least 1), so replicas are averaged more often.
 
-El Che itself is the lead's pure scheduler; :class:`AnchorControl` changes its anchor only through its public
-``state_dict`` / ``load_state_dict``, rebuilding it with a lower ``min_anchor`` when the guard goes below the
-initial anchor (builder mode's default floor).
+El Che itself is the pure scheduler; :class:`AnchorControl` changes its anchor only through ``ElChe.set_anchor``,
+which lowers El Che's floor when the guard goes below the initial anchor (builder mode's default floor).
 """
 
 from __future__ import annotations
@@ -73,13 +72,9 @@ class AnchorControl:
             "overhead_target": overhead_target,
             "max_batch_diff": max_batch_diff,
         }
-        self._floor = anchor
         self.guard = guard
-        self.el = self._make(anchor, anchor)
+        self.el = ElChe(self.world, mode="builder", anchor=anchor, min_anchor=anchor, **self._kw)  # type: ignore[arg-type]
         self.anchors: list[int] = [self.el.anchor]
-
-    def _make(self, anchor: int, floor: int) -> ElChe:
-        return ElChe(self.world, mode="builder", anchor=anchor, min_anchor=floor, **self._kw)  # type: ignore[arg-type]
 
     @property
     def anchor(self) -> int:
@@ -113,11 +108,5 @@ class AnchorControl:
         return verdict
 
     def set_anchor(self, anchor: int) -> None:
-        """Move the anchor (lowering the floor if needed) and recompute the counts."""
-        state = self.el.state_dict()
-        if anchor < self._floor:
-            self._floor = anchor
-            self.el = self._make(anchor, anchor)
-        state["anchor"] = anchor
-        state["plan"] = []  # forces El Che to recompute the counts for the new anchor
-        self.el.load_state_dict(state)
+        """Move the anchor (lowering El Che's floor if needed) and recompute the counts."""
+        self.el.set_anchor(anchor)
