@@ -1,0 +1,90 @@
+"""Checks and parsing of what users hand a head: texts, collate items, label names, lengths.
+
+It exists so that every malformed input fails with a message naming the index, the type and the fix, in one
+place that the head, its tests and the family modules share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Optional, Sequence
+
+__all__ = ["check_texts", "split_items", "apply_labels", "check_max_length"]
+
+
+def check_texts(texts: Any, what: str) -> list[str]:
+    """``texts`` as a list of str; a single string or a non-str entry raises, naming ``what`` and the index."""
+    if isinstance(texts, (str, bytes)):
+        raise ValueError(
+            f"{what} takes a list of texts, got a single {type(texts).__name__}: wrap it in a list, "
+            f"e.g. {what}([text])"
+        )
+    try:
+        texts = list(texts)
+    except TypeError as exc:
+        raise ValueError(f"{what} takes a list of texts, got {type(texts).__name__}") from exc
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise ValueError(
+                f"text at index {i} is {type(text).__name__} ({text!r:.60}), not str: {what} needs strings"
+            )
+    return texts
+
+
+def apply_labels(config: Any, num_labels: Optional[int], labels: Optional[Sequence[str]]) -> None:
+    """Set ``num_labels`` / ``id2label`` / ``label2id`` on ``config`` in place (validated)."""
+    if labels is not None:
+        if isinstance(labels, str) or not all(isinstance(name, str) for name in labels):
+            raise ValueError(f"labels={labels!r} is invalid: give a list of label names, e.g. ['neg', 'pos']")
+        labels = list(labels)
+        if len(labels) < 1 or len(set(labels)) != len(labels):
+            raise ValueError(f"labels={labels!r} is invalid: give at least one name, each name once")
+        if num_labels is not None and num_labels != len(labels):
+            raise ValueError(
+                f"num_labels={num_labels} disagrees with the {len(labels)} names in labels: drop "
+                "num_labels (it follows from labels)"
+            )
+        config.id2label = dict(enumerate(labels))
+        config.label2id = {name: i for i, name in enumerate(labels)}
+    elif num_labels is not None:
+        if not isinstance(num_labels, int) or isinstance(num_labels, bool) or num_labels < 1:
+            raise ValueError(
+                f"num_labels={num_labels!r} is invalid: use an integer >= 1 (1 means regression)"
+            )
+        if config.num_labels != num_labels:
+            config.num_labels = num_labels  # resets id2label / label2id to LABEL_k
+
+
+def check_max_length(max_length: Any) -> int:
+    """``max_length`` if it is an integer >= 2 (room for the special tokens), else ValueError."""
+    if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
+        raise ValueError(
+            f"max_length={max_length!r} is invalid: use an integer >= 2 (tokens per text, special "
+            "tokens included)"
+        )
+    return max_length
+
+
+def split_items(items: Sequence[Any]) -> tuple[list[str], list[Any]]:
+    """Texts and raw labels of collate items: ``(text, label)`` pairs, dicts with ``text`` and ``label`` (or
+    ``labels``), or bare strings (label None). Raises ValueError naming the index of a malformed item."""
+    texts, labels = [], []
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            text, label = item, None
+        elif isinstance(item, Mapping):
+            if "text" not in item:
+                raise ValueError(f"item at index {i} has keys {sorted(item)} but no 'text'")
+            text, label = item["text"], item.get("label", item.get("labels"))
+        elif isinstance(item, (tuple, list)) and len(item) == 2:
+            text, label = item
+        else:
+            raise ValueError(
+                f"item at index {i} is {type(item).__name__}: give (text, label) pairs or dicts "
+                "with 'text' and 'label'"
+            )
+        if not isinstance(text, str):
+            raise ValueError(f"text at index {i} is {type(text).__name__} ({text!r:.60}), not str")
+        texts.append(text)
+        labels.append(label)
+    return texts, labels
