@@ -2,18 +2,21 @@
 
 Every file flodl-hf writes that a later run reads back (checkpoints, safetensors, metrics) goes through here:
 write to a temporary name in the same directory, flush and fsync, ``os.replace`` over the target, fsync the
-directory.
+directory. Whole directories (a saved model, a job's output) are staged in a temporary sibling and swapped in by
+renames (:func:`atomic_dir`); callers decide beforehand whether the target may be replaced.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
+import uuid
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Callable, Iterator, Optional, Union
 
-__all__ = ["atomic_path", "fsync_dir"]
+__all__ = ["atomic_path", "atomic_dir", "fsync_dir", "normalise_modes"]
 
 PathLike = Union[str, Path]
 
@@ -53,4 +56,55 @@ def atomic_path(target: PathLike) -> Iterator[Path]:
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def normalise_modes(directory: PathLike) -> None:
+    """Give a staged tree the umask's usual modes: mkdtemp makes 0700 directories and transformers 5 writes 0600
+    weight files, which would lock other users (a serving account, a shared cache) out of the result."""
+    mask = _umask()
+    directory = Path(directory)
+    os.chmod(directory, 0o777 & ~mask)
+    for path in directory.rglob("*"):
+        if not path.is_symlink():
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+
+
+@contextlib.contextmanager
+def atomic_dir(target: PathLike, before_swap: Optional[Callable[[], None]] = None) -> Iterator[Path]:
+    """Yield an empty temporary directory beside ``target``; when the block succeeds it replaces ``target``.
+
+    The swap is two renames (an existing target moves aside, the staged one moves in, the old one is deleted), so
+    ``target`` is at every instant absent, the old directory or the new one. ``before_swap`` runs just before the
+    swap (e.g. to re-check that nothing foreign appeared meanwhile). On an exception the staging directory is
+    removed and ``target`` is untouched. Whether ``target`` may be replaced at all is the caller's decision.
+    """
+    target = Path(os.path.expanduser(str(target))).absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    try:
+        yield staging
+        if before_swap is not None:
+            before_swap()
+        normalise_modes(staging)
+        if target.exists():
+            old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(target, old)
+            try:
+                os.replace(staging, target)
+            except BaseException:
+                os.replace(old, target)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, target)
+        fsync_dir(target.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
         raise

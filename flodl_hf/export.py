@@ -14,12 +14,13 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+from .atomic import atomic_dir
+from .quiet import quiet_transformers
 
 __all__ = ["VerifyReport", "verify_model_dir", "export_model_dir", "check_output_dir", "staged_output_dir",
            "is_flodl_output", "MARKER_FILE", "DEFAULT_VERIFY_SENTENCES"]
@@ -72,60 +73,12 @@ def staged_output_dir(path: Union[str, Path], overwrite: bool = False) -> Iterat
     replaced only with ``overwrite=True`` (see :func:`check_output_dir`).
     """
     target = check_output_dir(path, overwrite).resolve()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
-    try:
-        yield staging
-        check_output_dir(target, overwrite)  # nothing appeared meanwhile
-        old: Optional[Path] = None
-        if target.exists():
-            if any(target.iterdir()):
-                old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-                os.rmdir(old)
-                os.rename(target, old)
-            else:
-                os.rmdir(target)
-        _normalise_modes(staging)
-        os.rename(staging, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with atomic_dir(target, before_swap=lambda: check_output_dir(target, overwrite)) as staging:
+        yield staging  # check_output_dir again before the swap: nothing foreign appeared meanwhile
 
 
-def _normalise_modes(directory: Path) -> None:
-    """Give the staged tree the umask's usual modes: mkdtemp makes 0700 directories and transformers 5 writes
-    0600 weight files, which would lock other users (a serving account, a shared cache) out of the result."""
-    mask = _umask()
-    os.chmod(directory, 0o777 & ~mask)
-    for path in directory.rglob("*"):
-        if not path.is_symlink():
-            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Silence transformers' loading report and progress bars for the duration (restored afterwards): verify
-    reports missing / unexpected keys itself."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 # --- verification -------------------------------------------------------------------------------------------
@@ -197,7 +150,7 @@ def verify_model_dir(path: Union[str, Path], *, head_loader: Optional[Callable[[
                          "flodl-hf train / export or save_pretrained")
     try:
         # ignore_mismatched_sizes: a wrong shape is reported below by key instead of aborting the load.
-        with _quiet_transformers():
+        with quiet_transformers():
             model, info = AutoModelForSequenceClassification.from_pretrained(str(path), output_loading_info=True,
                                                                              ignore_mismatched_sizes=True)
             tokenizer = AutoTokenizer.from_pretrained(str(path))
@@ -312,14 +265,14 @@ def export_model_dir(source: Union[str, Path], output: Union[str, Path], *, over
         raise ValueError(f"{source} is not a model directory (no config.json)")
     if Path(output).resolve() == source.resolve():
         raise ValueError(f"--output {output} is the model directory itself: choose a new directory")
-    with _quiet_transformers():
+    with quiet_transformers():
         model, info = AutoModelForSequenceClassification.from_pretrained(str(source), output_loading_info=True)
     missing = sorted(info.get("missing_keys", []))
     if missing:
         raise ValueError(f"{source} lacks weights for {len(missing)} key(s) ({_listing(missing)}): an export would "
                          "save freshly initialised values; run `flodl-hf verify` on it for details")
     tokenizer = AutoTokenizer.from_pretrained(str(source))
-    with staged_output_dir(output, overwrite=overwrite) as staging, _quiet_transformers():
+    with staged_output_dir(output, overwrite=overwrite) as staging, quiet_transformers():
         model.save_pretrained(str(staging))
         tokenizer.save_pretrained(str(staging))
         for name in _CARD_FILES:

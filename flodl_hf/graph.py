@@ -9,7 +9,6 @@ world size and device; it never knows about task heads.
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, runtime_checkable
 
 import torch

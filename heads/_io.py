@@ -9,15 +9,16 @@ transformers' loading report, and refused unless the only missing keys are the t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
+
+from flodl_hf.quiet import quiet_transformers
 
 __all__ = [
     "CheckpointError",
@@ -99,30 +100,6 @@ def log_main(level: int, message: str, *args: Any) -> None:
     logger.log(level, message, *args)
 
 
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Silence transformers' own loading report and progress bars for the duration (restored afterwards).
-
-    The heads replace that report with strict checks and one log line of their own.
-    """
-    from huggingface_hub import utils as hub_utils
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hub_bars_off = hub_utils.are_progress_bars_disabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-        if hub_bars_off:
-            hub_utils.disable_progress_bars()
-        else:
-            hub_utils.enable_progress_bars()
 
 
 def is_local_path(path_or_id: PathLike) -> bool:

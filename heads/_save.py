@@ -9,21 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
-import uuid
 from pathlib import Path
 from typing import Callable
+
+from flodl_hf.atomic import atomic_dir
 
 from ._io import PathLike
 
 __all__ = ["atomic_save", "write_label_maps"]
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def atomic_save(target: PathLike, write: Callable[[Path], None]) -> Path:
@@ -41,25 +34,8 @@ def atomic_save(target: PathLike, write: Callable[[Path], None]) -> Path:
                 f"refusing to overwrite {str(target)!r}: it is a non-empty directory that is not "
                 "a model directory (no config.json); choose a new or empty directory"
             )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
+    with atomic_dir(target) as tmp:
         write(tmp)
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; give it a normal directory's mode
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(target, old)
-            try:
-                os.replace(tmp, target)
-            except BaseException:
-                os.replace(old, target)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
 
 

@@ -14,6 +14,8 @@ from typing import Any, Union
 
 import torch
 
+from ..atomic import atomic_path
+
 __all__ = ["write_checkpoint", "read_checkpoint", "CHECKPOINT_FORMAT"]
 
 CHECKPOINT_FORMAT = "flodl-hf-builder/1"
@@ -27,17 +29,8 @@ def write_checkpoint(path: Union[str, os.PathLike], state: Any, **meta: Any) -> 
             "checkpoint_fn returned None: return the path of the file to write, e.g. f'ckpt/epoch{epoch}.pt'"
         )
     target = Path(os.fspath(path))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            torch.save({"format": CHECKPOINT_FORMAT, "model": dict(state), **meta}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_path(target) as tmp:
+        torch.save({"format": CHECKPOINT_FORMAT, "model": dict(state), **meta}, tmp)
     return target
 
 

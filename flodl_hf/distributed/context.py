@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..config import DEVICES_ENV, DdpConfig
+from ..config import DdpConfig
 from . import launch
 
 __all__ = ["DistContext", "init_context", "shutdown", "current_context", "DistributedError"]
