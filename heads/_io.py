@@ -1,4 +1,4 @@
-"""Strict checkpoint loading and atomic saving for task heads.
+"""Strict checkpoint loading for task heads (saving lives in ``_save``).
 
 It exists because transformers' ``from_pretrained`` is lenient where fine-tuning needs strictness: a missing
 encoder weight is only logged and silently re-initialised, so a wrong or damaged checkpoint trains from noise.
