@@ -138,6 +138,7 @@ def _ranked_resume(rank: int, world: int, ckpt: str, phase: str):
     return [p.detach() for p in graph.module.parameters()]
 
 
+@pytest.mark.slow
 def test_two_rank_resume_matches_the_uninterrupted_run(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     full = values(run_ranks(_ranked_resume, 2, ckpt, "first"))
