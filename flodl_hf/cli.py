@@ -1,17 +1,22 @@
-"""The ``flodl-hf`` command: ``train``, ``predict``, ``eval``, ``export`` and ``verify``.
+"""The ``flodl-hf`` command: ``train``, ``predict``, ``eval``, ``export``, ``verify`` and ``bench``.
 
 It exists as the composition root that joins the engine (``flodl_hf``) and the task heads (``heads``): the only
 module of ``flodl_hf`` allowed to import ``heads``. Each subcommand parses its arguments into the engine's own
-types (``TrainSettings``, loaders, ``verify_model_dir``) and does nothing else.
+types (``TrainSettings``, loaders, ``verify_model_dir``) and does nothing else; ``bench`` hands its arguments to
+``flodl_hf.bench.main``.
 
-Errors a user can cause (bad flags, missing files, bad data) exit with code 2 and one line on stderr,
-``flodl-hf: error: ...``, never a traceback. ``verify`` exits 1 when the directory fails verification.
+Exit codes: 0 done; 2 for an error a user can cause (bad flags, missing files, bad data, a checkpoint that does not
+fit), reported as one line on stderr, ``flodl-hf: error: ...``, never a traceback; 1 when training diverged (NaN
+or infinite loss) or ``verify`` failed; 130 after Ctrl-C (``train`` first writes a checkpoint and prints the
+command that resumes it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -93,6 +98,31 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _speed_hint(text: str) -> tuple[int, float]:
+    rank, sep, ratio = text.partition(":")
+    try:
+        slow, value = int(rank), float(ratio)
+    except ValueError:
+        slow, value = -1, float("nan")
+    if not sep or slow < 0 or math.isnan(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not RANK:RATIO, e.g. 1:2.5 (rank 1 is 2.5x slower)")
+    if value < 1.0:
+        raise argparse.ArgumentTypeError(f"ratio {value:g} in {text!r} must be >= 1 (how many times faster the other "
+                                         "ranks are than RANK); to say a rank is faster, name the slower rank")
+    return slow, value
+
+
+def _overhead(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.01 <= value <= 0.5:
+        raise argparse.ArgumentTypeError(f"{text} is out of range: use a fraction of compute time in [0.01, 0.5], "
+                                         "e.g. 0.1")
+    return value
+
+
 def _name_list(text: str) -> list[str]:
     names = [part.strip() for part in text.split(",")]
     if not names or any(not name for name in names):
@@ -103,8 +133,8 @@ def _name_list(text: str) -> list[str]:
 # --- parser ---------------------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Fine-tune, evaluate, export and verify Hugging Face text classifiers "
-                                            "on one device or many (El Che scheduling).")
+    parser = _Parser(prog=PROG, description="Fine-tune, evaluate, export, verify and benchmark Hugging Face text "
+                                            "classifiers on one device or many (El Che scheduling).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
@@ -140,6 +170,27 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--warmup-ratio", type=_fraction, default=None,
                        help="linear LR schedule with this warmup fraction (default: constant LR)")
     train.add_argument("--no-progress", action="store_true", help="no progress bars")
+    long_runs = train.add_argument_group("checkpoints, evaluation and reporting")
+    long_runs.add_argument("--checkpoint-every", type=_int_at_least(1), default=None, metavar="N",
+                           help="write a checkpoint every N optimizer steps (default: only on Ctrl-C)")
+    long_runs.add_argument("--checkpoint-dir", metavar="DIR",
+                           help="where checkpoints go (default: the --resume directory, else <output-dir>.checkpoint "
+                                "beside the output directory)")
+    long_runs.add_argument("--keep-checkpoint", action="store_true",
+                           help="keep the checkpoint directory after a successful run (default: removed)")
+    long_runs.add_argument("--resume", metavar="DIR",
+                           help="continue an interrupted run from its checkpoint directory (same settings)")
+    long_runs.add_argument("--eval-every", type=_int_at_least(1), default=None, metavar="N",
+                           help="evaluate on the held-out split every N optimizer steps (default: only at the end)")
+    long_runs.add_argument("--early-stopping-patience", type=_int_at_least(1), default=None, metavar="K",
+                           help="stop when held-out accuracy has not improved for K evaluations (needs --eval-every)")
+    long_runs.add_argument("--report-to", choices=("none", "tensorboard"), default="none",
+                           help="tensorboard: write scalars to <output-dir>/runs (needs `pip install tensorboard`)")
+    multi = train.add_argument_group("several devices (El Che)")
+    multi.add_argument("--speed-hint", type=_speed_hint, default=None, metavar="RANK:RATIO",
+                       help="RANK is RATIO (>= 1) times slower than the others; seeds El Che's split until measured")
+    multi.add_argument("--overhead-target", type=_overhead, default=0.10, metavar="F",
+                       help="El Che's ceiling of synchronisation / compute time, in [0.01, 0.5] (0.1)")
 
     predict = sub.add_parser("predict", help="classify texts with a trained model directory")
     predict.add_argument("--model", required=True, help="trained model directory")
@@ -166,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="check a directory loads in plain transformers and matches the head")
     verify.add_argument("model", metavar="DIR", help="model directory")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    sub.add_parser("bench", add_help=False,
+                   help="compare El Che with DDP, Accelerate and builder mode (`flodl-hf bench --help`)")
     return parser
 
 
@@ -179,7 +233,11 @@ def settings_from_args(args: argparse.Namespace) -> Any:
                          epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, max_length=args.max_length,
                          train_rows=args.train_rows, eval_rows=args.eval_rows, seed=args.seed,
                          output_dir=args.output_dir, overwrite=args.overwrite, devices=args.devices,
-                         precision=args.precision, warmup_ratio=args.warmup_ratio, progress=not args.no_progress)
+                         precision=args.precision, warmup_ratio=args.warmup_ratio, progress=not args.no_progress,
+                         checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
+                         keep_checkpoint=args.keep_checkpoint, resume=args.resume, eval_every=args.eval_every,
+                         early_stopping_patience=args.early_stopping_patience, report_to=args.report_to,
+                         speed_hint=args.speed_hint, overhead_target=args.overhead_target)
 
 
 def run_train(args: Any) -> dict:
@@ -196,8 +254,36 @@ def run_train(args: Any) -> dict:
         shutdown()
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
-    run_train(args)
+def resume_command(argv: Sequence[str], directory: Any) -> str:
+    """The ``flodl-hf train`` command line that continues an interrupted run (``argv`` minus any old --resume)."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--resume":
+            skip = True
+        elif not arg.startswith("--resume="):
+            kept.append(str(arg))
+    return " ".join(shlex.quote(a) for a in [PROG, *kept, "--resume", str(directory)])
+
+
+def _cmd_train(args: argparse.Namespace, argv: Sequence[str] = ("train",)) -> int:
+    from .training_loop import TrainingDiverged, TrainingInterrupted
+
+    try:
+        run_train(args)
+    except TrainingInterrupted as stop:
+        if not stop.is_main:
+            return 0  # rank 0 reports and sets the exit code
+        print(f"{PROG}: interrupted at step {stop.step} (epoch {stop.epoch}); checkpoint saved. Resume with: "
+              f"{resume_command(argv, stop.checkpoint_dir)}", file=sys.stderr, flush=True)
+        return 130
+    except TrainingDiverged as diverged:
+        if not diverged.is_main:
+            return 0
+        print(f"{PROG}: error: {diverged}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
@@ -258,8 +344,15 @@ _COMMANDS = {"train": _cmd_train, "predict": _cmd_predict, "eval": _cmd_eval, "e
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``flodl-hf`` and ``python -m flodl_hf``; returns the exit code."""
+    argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
     try:
+        if argv[:1] == ["bench"]:  # every later argument belongs to the bench's own parser
+            from .bench import main as bench_main
+
+            return int(bench_main(argv[1:]))
         args = build_parser().parse_args(argv)
+        if args.command == "train":
+            return _cmd_train(args, argv)
         return _COMMANDS[args.command](args)
     except (UsageError, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
             PermissionError) as exc:

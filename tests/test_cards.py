@@ -102,3 +102,50 @@ def test_check_model_card_reports_problems(tmp_path):
     broken.write_text("---\nmodel-index: [{name: x, results: [{bogus: 1}]}]\n---\n# hi\n", encoding="utf-8")
     with pytest.raises(ValueError, match="metadata does not parse"):
         check_model_card(broken)
+
+
+def _run_metrics(**overrides):
+    """A metrics.json of a 2-rank El Che run that was interrupted once and resumed (what flodl-hf train writes)."""
+    metrics = dict(
+        classification_summary([0, 1, 2, 2, 0], [0, 1, 2, 1, 0], LABELS),
+        devices=["cuda:0", "cuda:1"], world_size=2, policy="setup mode, El Che",
+        el_che={"anchor": 4, "shares": [0.6667, 0.3333], "batch_sizes": [43, 21], "windows": 12},
+        settings={"precision": "bf16", "epochs": 3, "batch_size": 32, "lr": 5e-5, "warmup_ratio": 0.1,
+                  "max_length": 64, "seed": 0, "eval_every": 50, "early_stopping_patience": None,
+                  "speed_hint": [1, 2.0]},
+        train_size=4000, steps=375, steps_run=375, eval_history=[{"step": 50}, {"step": 100}],
+        stop_reason="completed", resumed=[{"step": 120, "checkpoint_dir": "out.checkpoint"}],
+        train_time_s=61.0, train_loss=[0.9, 0.7, 0.5],
+    )
+    metrics.update(overrides)
+    return metrics
+
+
+def test_training_setup_of_a_resumed_multi_rank_run_round_trips(tmp_path):
+    from flodl_hf.reporting import training_table
+
+    table = training_table(_run_metrics())
+    path = write_model_card(info(training=table), tmp_path)
+    card = ModelCard.load(path)
+    assert card.data.library_name == "flodl-hf"
+    for row in ("| devices | cuda:0, cuda:1 |", "| world size | 2 rank(s) |", "| policy | setup mode, El Che |",
+                "| El Che anchor | 4 |", "| El Che shares | [0.67, 0.33] |", "| El Che batch sizes | [43, 21] |",
+                "| speed hint | rank 1 is 2x slower |", "| precision | bf16 |", "| epochs | 3 |",
+                "| batch size (per rank) | 32 |", "| optimizer | AdamW, lr 5e-05 |",
+                "| LR schedule | linear, warmup ratio 0.1 |", "| evaluation | every 50 optimizer steps (2 runs) |",
+                "| resumed | yes, from step 120 (checkpoint) |", "| final loss (mean of last 10 steps) | 0.7000 |"):
+        assert row in card.text, row
+    assert list(table)[:3] == ["devices", "world size", "policy"]
+
+
+def test_training_setup_of_a_single_device_run_that_stopped_early():
+    from flodl_hf.reporting import training_table
+
+    table = training_table(_run_metrics(
+        devices=["cpu"], world_size=1, policy="single device", el_che=None, resumed=[], steps_run=200,
+        stop_reason="early stopping: held-out accuracy did not improve for 3 evaluations",
+        settings=dict(_run_metrics()["settings"], speed_hint=None, early_stopping_patience=3, precision="fp32")))
+    assert table["policy"] == "single device" and table["world size"] == "1 rank(s)"
+    assert not [key for key in table if key.startswith("El Che") or key == "speed hint"]
+    assert table["resumed"] == "no" and table["steps"] == "200 of 375"
+    assert table["early stopping"] == "patience 3 evaluations" and table["stopped"].startswith("early stopping")

@@ -1,0 +1,150 @@
+"""Where a ``flodl-hf train`` job keeps its checkpoint, what it records there, and which resumes it refuses.
+
+It exists so that the training job (``flodl_hf.jobs``) and its loop (``flodl_hf.training_loop``) share one set of
+rules about the checkpoint directory, kept apart from the engine's file format (``flodl_hf.checkpoint``):
+
+- The directory is ``--checkpoint-dir``, else the ``--resume`` directory, else ``<output-dir>.checkpoint`` beside
+  the output directory (outside it, so the output directory is still written in one atomic swap at the end).
+  It holds the engine's ``checkpoint.pt`` and, with ``--report-to tensorboard``, the live ``runs/`` event files.
+- A fresh run refuses a directory that already holds a checkpoint (resume it, or pass ``--overwrite``).
+- The job records a *plan* in the checkpoint's ``extra``: every setting that decides which rows, in which order,
+  on how many ranks, through which model. Resuming with any of them changed is refused with one
+  :class:`~flodl_hf.checkpoint.ResumeError` line naming the setting, both values and the fix. The learning rate
+  may change on resume (e.g. lower it after a divergence); the output directory and reporting options too.
+- After a successful run the job removes what it wrote there (``checkpoint.pt``, ``runs/``, the directory when
+  left empty), unless ``--keep-checkpoint``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from .checkpoint import CHECKPOINT_FILE, ResumeError
+
+__all__ = ["checkpoint_dir_for", "check_fresh_checkpoint_dir", "job_plan", "read_job_state", "check_plan",
+           "prepare_checkpoints", "resume", "remove_job_checkpoint", "PLAN_FLAGS", "RUNS_DIR"]
+
+RUNS_DIR = "runs"
+
+#: Plan field -> the ``flodl-hf train`` option that sets it (named in refusal messages).
+PLAN_FLAGS = {
+    "model": "--model", "data": "--data", "text_column": "--text-column", "label_column": "--label-column",
+    "labels": "--labels", "seed": "--seed", "train_rows": "--train-rows", "eval_rows": "--eval-rows",
+    "max_length": "--max-length", "batch_size": "--batch-size", "world_size": "--devices (number of devices)",
+    "epochs": "--epochs", "warmup_ratio": "--warmup-ratio", "precision": "--precision",
+}
+
+
+def checkpoint_dir_for(output_dir: str, checkpoint_dir: Optional[str], resume: Optional[str]) -> Path:
+    """The directory this job writes checkpoints to (see the module docstring)."""
+    if checkpoint_dir:
+        return Path(checkpoint_dir)
+    if resume:
+        return Path(resume)
+    out = Path(output_dir)
+    return out.parent / f"{out.name}.checkpoint"
+
+
+def check_fresh_checkpoint_dir(directory: Path, overwrite: bool) -> None:
+    """Refuse to start a fresh run over another run's checkpoint (call before any long work)."""
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"checkpoint path {directory} exists and is a file: choose a directory with "
+                         "--checkpoint-dir")
+    if (directory / CHECKPOINT_FILE).is_file() and not overwrite:
+        raise ValueError(f"{directory} already holds a checkpoint of an unfinished run: continue it with "
+                         f"--resume {directory}, or pass --overwrite to start afresh (or choose --checkpoint-dir)")
+
+
+def job_plan(settings: Any, sources: Any, labels: list, world_size: Optional[int]) -> dict:
+    """The settings that fix the data plan and the model of a run (compared on resume)."""
+    return {
+        "model": str(Path(sources.model_path).resolve()), "data": str(Path(sources.data_path).resolve()),
+        "text_column": sources.text_column, "label_column": sources.label_column, "labels": list(labels),
+        "seed": settings.seed, "train_rows": settings.train_rows, "eval_rows": settings.eval_rows,
+        "max_length": settings.max_length, "batch_size": settings.batch_size, "world_size": world_size,
+        "epochs": settings.epochs, "warmup_ratio": settings.warmup_ratio, "precision": settings.precision,
+    }
+
+
+def read_job_state(directory: str) -> dict:
+    """The job state (``extra``) of the checkpoint in ``directory``, read cheaply (tensors memory-mapped)."""
+    import torch
+
+    path = Path(directory)
+    target = path / CHECKPOINT_FILE if path.is_dir() or not path.exists() else path
+    if not target.is_file():
+        raise ResumeError(f"no checkpoint at {target}: pass --resume the directory an interrupted "
+                          "`flodl-hf train` printed")
+    try:
+        state = torch.load(target, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same one-line answer
+        raise ResumeError(f"checkpoint {target} is unreadable ({type(exc).__name__}); it may be damaged or from "
+                          "another program: start afresh without --resume") from exc
+    extra = state.get("extra") if isinstance(state, dict) else None
+    if not isinstance(extra, dict) or not isinstance(extra.get("plan"), dict):
+        raise ResumeError(f"{target} was not written by `flodl-hf train` (no job plan in it): resume it with the "
+                          "script that wrote it, or start afresh without --resume")
+    return extra
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return "default" if value is None else str(value)
+
+
+def check_plan(saved: dict, current: dict, directory: Any) -> None:
+    """Raise ResumeError naming the first plan setting that differs (None in ``current`` means unknown yet)."""
+    for key, flag in PLAN_FLAGS.items():
+        was, now = saved.get(key), current.get(key)
+        if key == "world_size" and (now is None or was is None):
+            continue
+        if was != now:
+            raise ResumeError(f"cannot resume from {directory}: it was written with {flag} {_shown(was)} but this "
+                              f"run has {_shown(now)}; resume with the same settings, or start afresh without "
+                              "--resume")
+
+
+def prepare_checkpoints(settings: Any) -> tuple[Path, Optional[dict]]:
+    """The checkpoint directory and, when resuming, the checkpoint's job state; refusals happen here, early."""
+    directory = checkpoint_dir_for(settings.output_dir, settings.checkpoint_dir, settings.resume)
+    saved = read_job_state(settings.resume) if settings.resume else None
+    if not settings.resume or directory.resolve() != Path(settings.resume).resolve():
+        check_fresh_checkpoint_dir(directory, settings.overwrite)
+    return directory, saved
+
+
+def resume(graph: Any, settings: Any, saved: dict, plan: dict, schedule: Any, say: Callable[[str], None]) -> Any:
+    """Load the checkpoint into ``graph``; return the loop state it carries (with this resume recorded)."""
+    from .training_loop import LoopState
+
+    check_plan(saved["plan"], plan, settings.resume)
+    state = LoopState.from_extra(graph.load_checkpoint(settings.resume))
+    record: dict = {"step": int(graph.training_step), "checkpoint_dir": str(settings.resume)}
+    old_lr = saved["plan"].get("lr")
+    if old_lr is not None and float(old_lr) != float(settings.lr):
+        if schedule is not None:
+            schedule.set_base_lr(settings.lr)
+        else:
+            for group in graph.optimizer.param_groups:
+                group["lr"] = settings.lr
+        record.update(lr=settings.lr, previous_lr=old_lr)
+    state.resumes.append(record)
+    epoch, done = graph.position()
+    say(f"flodl-hf: resuming from step {graph.training_step} (epoch {epoch + 1}, {done} steps into it) of "
+        f"{settings.resume}" + (f"; lr {old_lr:g} -> {settings.lr:g}" if "lr" in record else ""))
+    return state
+
+
+def remove_job_checkpoint(directory: Path, runs: bool = True) -> None:
+    """Remove what a job wrote in its checkpoint directory: ``checkpoint.pt``, ``runs/`` (when ``runs``), and the
+    directory itself if nothing else is left."""
+    (directory / CHECKPOINT_FILE).unlink(missing_ok=True)
+    if runs:
+        shutil.rmtree(directory / RUNS_DIR, ignore_errors=True)
+    try:
+        directory.rmdir()
+    except OSError:
+        pass  # absent, or holds files that are not ours

