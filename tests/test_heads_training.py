@@ -60,7 +60,6 @@ def test_plain_loop_fine_tune_learns(family, tiny_checkpoint):
 
 
 def test_fine_tune_through_trainer_setup_head(tiny_checkpoint):
-    pytest.importorskip("flodl_hf.trainer")
     from flodl_hf.config import DdpConfig
     from flodl_hf.trainer import Trainer
 
