@@ -1,0 +1,29 @@
+"""``flodl-hf bench``: measure El Che against DDP, Accelerate and builder mode on (modelled) heterogeneous devices.
+
+Why it exists: El Che's claim (fast devices work instead of waiting, with the exact mean gradient) is only
+worth what it measures, side by side with what people use today, on one harness. Layout:
+
+- ``settings.py``: BenchSettings (validated) and the list of modes
+- ``device_model.py``: the modelled device time every mode pays (``device_ms * b/16 / speed`` per micro-batch)
+- ``workloads.py`` / ``text_task.py``: models, data, loss, accuracy (mlp, tiny-bert, minilm)
+- ``meter.py``: one rank's clock, timed region, evaluations
+- ``ranks.py``: the pool of W rank processes every mode runs on
+- ``modes.py`` / ``modes_accelerate.py`` / ``modes_builder.py``: the per-mode training loops
+- ``harness.py``: alternating rounds and per-mode figures; ``report.py``: table.md, results.json, plot.png
+- ``cli.py``: the command line; ``main(argv)`` is what ``flodl-hf bench`` calls
+
+Importing this package does nothing observable (no torch import).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+__all__ = ["main"]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``flodl-hf bench`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    from .cli import main as _main
+
+    return _main(argv)

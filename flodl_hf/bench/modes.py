@@ -1,0 +1,132 @@
+"""The per-rank training loops of the torch-level bench modes: ``solo``, ``ddp``, ``elche-setup``, ``setup-sync``.
+
+Why it exists: each mode is the shortest honest loop a user of that approach would write, around the same
+workload, the same modelled device time and the same :class:`~flodl_hf.bench.meter.Meter`.
+
+- ``solo``: one rank alone (world 1, no process group) at its own speed, ``batch_size`` samples per step. The W
+  solo processes run side by side; the sum of their rates is the ideal.
+- ``ddp``: ``torch.nn.parallel.DistributedDataParallel``; every rank takes ``batch_size`` samples per step (the
+  equal split of the same seeded permutation El Che partitions), so the slowest rank gates every step.
+- ``elche-setup``: flodl-hf setup mode (``Trainer.setup_with`` + ``graph.epoch`` + ``graph.step``), El Che on,
+  ``batch_size`` per rank nominal (El Che splits the global ``W * batch_size`` by measured speed). It runs
+  without ``DdpConfig.simulate_speeds``: speeds are modelled by the bench's own device model only.
+- ``setup-sync``: the same setup-mode loop with ``max_anchor=0`` (El Che off: equal split, sync every step),
+  to separate the engine's fixed costs from El Che's scheduling.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..partition import epoch_permutation, rank_slice
+from .device_model import DeviceModel
+from .meter import Meter, RunSpec
+from .workloads import WorkloadSpec, build_workload
+
+__all__ = ["solo_rank", "ddp_rank", "setup_rank"]
+
+
+def _no_barrier() -> None:
+    return None
+
+
+def _dist_barrier() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+def _items(workload: Any, indices: list[int]) -> list:
+    return [workload.train[int(i)] for i in indices]
+
+
+def solo_rank(rank: int, world: int, spec: RunSpec, wspec: WorkloadSpec) -> dict[str, Any]:
+    """Rank ``rank``'s device alone: the same per-step workload as one DDP rank, without any peer."""
+    workload = build_workload(wspec)
+    device = torch.device(spec.devices[rank])
+    dm = DeviceModel(spec.device_ms, spec.speeds[rank])
+    model = dm.attach(workload.build(device))
+    opt = workload.optimizer(model.parameters())
+    perm = epoch_permutation(len(workload.train), spec.seed + rank)
+    meter = Meter(spec, 0, workload, device, dm, _no_barrier)
+    meter.begin(model)
+    b = spec.batch_size
+    for k in range(spec.steps):
+        batch = workload.collate(_items(workload, perm[k * b:(k + 1) * b].tolist()))
+        workload.loss(model, batch, device).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        meter.step(b, synced=True, module=model)
+    result = meter.finish(model)
+    result["rank"] = rank
+    return result
+
+
+def ddp_rank(rank: int, world: int, spec: RunSpec, wspec: WorkloadSpec) -> dict[str, Any]:
+    """Plain DistributedDataParallel: equal micro-batches, one gradient all-reduce per step."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    workload = build_workload(wspec)
+    device = torch.device(spec.devices[rank])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=spec.timeout_s))
+    dm = DeviceModel(spec.device_ms, spec.speeds[rank])
+    model = dm.attach(workload.build(device))
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    opt = workload.optimizer(ddp.parameters())
+    perm = epoch_permutation(len(workload.train), spec.seed)
+    sizes = [spec.batch_size] * world
+    meter = Meter(spec, rank, workload, device, dm, _dist_barrier)
+    meter.begin(model)
+    for k in range(spec.steps):
+        indices, _ = rank_slice(perm, k, world * spec.batch_size, sizes, rank)
+        batch = workload.collate(_items(workload, indices))
+        workload.loss(ddp, batch, device).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        meter.step(len(indices), synced=True, module=model)
+    return meter.finish(model)
+
+
+def setup_rank(rank: int, world: int, spec: RunSpec, wspec: WorkloadSpec) -> dict[str, Any]:
+    """flodl-hf setup mode: El Che gradient windows (``elche-setup``) or plain synchronous (``setup-sync``)."""
+    from ..config import DdpConfig
+    from ..distributed.context import shutdown
+    from ..graph import Graph
+    from ..trainer import Trainer
+
+    workload = build_workload(wspec)
+    dm = DeviceModel(spec.device_ms, spec.speeds[rank])
+    config = DdpConfig(devices=list(spec.devices), seed=spec.seed, verbose=False, timeout_s=spec.timeout_s,
+                       max_anchor=0 if spec.mode == "setup-sync" else spec.max_anchor)
+    graph = Graph(workload.build("cpu"))
+    Trainer.setup_with(graph, lambda dev: dm.attach(workload.build(dev)), workload.optimizer, config)
+    graph.set_data_loader(workload.train, batch_size=spec.batch_size, collate_fn=workload.collate)
+    if graph.steps_per_epoch() != spec.steps:
+        raise RuntimeError(f"setup mode plans {graph.steps_per_epoch()} steps, the run asked for {spec.steps}")
+    device = graph.device
+    meter = Meter(spec, rank, workload, device, dm, _dist_barrier)
+    # On an error, no clean-up collective is attempted (a peer may be blocked in another collective, and the
+    # two would wait on each other until the timeout): the error goes back to the pool, which kills the ranks.
+    meter.begin(graph.module)
+    for batch in graph.epoch(0):
+        workload.loss(graph.module, batch, device).backward()
+        before = graph.training_step
+        graph.step()
+        meter.step(len(batch[1]), synced=graph.training_step != before, module=graph.module,
+                   optimizer_steps=graph.training_step)
+    el_che = graph.el_che()
+    extra = {"elche_history": el_che.history if rank == 0 else [],
+             "elche_describe": f"{el_che.describe()}; {graph.training_step} optimizer steps",
+             "optimizer_steps": graph.training_step}
+    result = meter.finish(graph.module, extra)
+    graph.close()
+    shutdown()
+    return result
