@@ -25,6 +25,7 @@ __all__ = ["ElChe", "round_half_up"]
 
 _MODES = ("setup", "builder")
 _DEAD_ZONE = 0.10  # keep a previous value unless the new one differs by more than this fraction
+_SETUP_DEAD_ZONE = 0.02  # setup: keep the previous sizes while their predicted window time is this close
 _HISTORY_LEN = 1000  # history entries kept (oldest dropped)
 _CEIL_TOL = 1e-9  # absorbs float noise in ceil(A * ov / tau), e.g. 50.000000000000007 -> 50
 _STATE_VERSION = 1
@@ -89,10 +90,21 @@ class ElChe:
     prior (the speed hint, else the initial ``batch_sizes``, else equal speed)
     scaled by the mean ratio ``m_q / prior_q`` over the measured ranks.
 
-    Dead zone, setup mode: a rank keeps its previous size unless the new size
-    differs by more than 10 %; if keeping those sizes would break the exact sum
-    ``W * batch_size``, the plan is taken without the dead zone. The dead zone
-    applies only once the previous plan came from measurements of every rank.
+    Setup mode refinements over the design card (measured on the benchmark: a
+    10 % per-rank dead zone on ~10-sample micro-batches kept a one-sample error
+    for 44 windows, and single contention spikes ratcheted the anchor up):
+
+    - Dead zone: the previous sizes are kept while their predicted window time
+      (``max_r b_r * m_r``) is within 2 % of the new plan's; the dead zone applies
+      only once the previous plan came from measurements of every rank.
+    - Anchor jumps need persistent evidence: the overhead that may raise the
+      anchor is the median of the last three measured windows (the smaller of
+      two; no jump on a single window), and the latest window must be over
+      target too. Decay still reacts to the latest window alone.
+    - Warm-up: a rank's first window carries one-time costs, so its second
+      measurement replaces the first outright; the EMA applies from then on.
+    Builder mode follows the design card exactly (10 % dead zone per count,
+    immediate jumps).
     Builder mode: the slowest rank always runs ``anchor`` batches; every other
     count keeps its previous value inside the same 10 % dead zone, and with
     ``max_batch_diff=d`` moves at most ``d`` per report (a speed hint is a seed
@@ -173,6 +185,8 @@ class ElChe:
         self._enabled: bool = max_anchor != 0 and world_size > 1
         self._anchor: int = anchor if self._enabled else 1
         self._ms: list[float | None] = [None] * world_size
+        self._measured: list[int] = [0] * world_size  # windows measured per rank
+        self._overheads: deque[float] = deque(maxlen=3)  # recent sync/compute ratios (setup mode)
         self._prior: list[float] | None = None  # relative cost per unit, from hint or initial sizes
         self._plan: list[int] = []
         self._plan_calibrated: bool = False
@@ -317,7 +331,8 @@ class ElChe:
                 if work[r] > 0 and wall_ms[r] > 0:
                     new = wall_ms[r] / work[r]
                     m = self._ms[r]
-                    if m is None:
+                    self._measured[r] += 1
+                    if m is None or (self._mode == "setup" and self._measured[r] == 2):
                         self._ms[r] = new
                     else:
                         alpha = min(max(abs(new - m) / m, 0.1), 0.8)
@@ -327,8 +342,14 @@ class ElChe:
                 tau = self._overhead_target
                 if compute > 0 and sync_ms > 0:
                     ov = sync_ms / compute
-                    if ov > tau:
-                        target = math.ceil(self._anchor * ov / tau - _CEIL_TOL)
+                    jump_ov = ov
+                    if self._mode == "setup":
+                        self._overheads.append(ov)
+                        recent = sorted(self._overheads)
+                        jump_ov = recent[len(recent) // 2] if len(recent) == 3 else (
+                            recent[0] if len(recent) == 2 else 0.0)
+                    if jump_ov > tau and ov > tau:
+                        target = math.ceil(self._anchor * jump_ov / tau - _CEIL_TOL)
                         self._anchor = min(max(target, self._min_anchor), self._max_anchor)
                     elif ov < tau / 2 and self._anchor > self._min_anchor:
                         self._anchor -= 1
@@ -366,10 +387,10 @@ class ElChe:
             inv = [1.0 / m for m in est]
             s = sum(inv)
             new = _largest_remainder([total * v / s for v in inv], total)
-            if dead_zone and prev:
-                kept = [p if abs(n - p) <= _DEAD_ZONE * p else n for n, p in zip(new, prev)]
-                if sum(kept) == total:
-                    return kept
+            if dead_zone and prev and sum(prev) == total:
+                predicted = lambda plan: max(b * m for b, m in zip(plan, est))  # noqa: E731
+                if predicted(prev) <= (1.0 + _SETUP_DEAD_ZONE) * predicted(new):
+                    return list(prev)
             return new
         a = self._anchor
         slow = max(range(self._world_size), key=lambda r: (est[r], -r))
@@ -410,6 +431,8 @@ class ElChe:
             "batch_size": self._batch_size,
             "anchor": self._anchor,
             "ms_per_unit": list(self._ms),
+            "measured": list(self._measured),
+            "recent_overheads": list(self._overheads),
             "prior": None if self._prior is None else list(self._prior),
             "plan": list(self._plan),
             "plan_calibrated": self._plan_calibrated,
@@ -430,6 +453,8 @@ class ElChe:
                     f"build ElChe with {key}={state[key]!r} or start without the checkpoint"
                 )
         self._ms = [None if m is None else float(m) for m in state["ms_per_unit"]]
+        self._measured = [int(n) for n in state["measured"]]
+        self._overheads = deque((float(v) for v in state["recent_overheads"]), maxlen=3)
         self._prior = None if state["prior"] is None else [float(p) for p in state["prior"]]
         self._windows = int(state["windows"])
         self._frozen = bool(state["frozen"])

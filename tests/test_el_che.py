@@ -148,23 +148,38 @@ def test_work_is_actual_not_planned():
 # --------------------------------------------------------------------- anchor
 def test_anchor_rises_decays_and_stays():
     che = ElChe(2, batch_size=8)  # setup: anchor 1 in [1, 8], tau 0.1
-    che.report([100, 100], [8, 8], 20)  # ov 0.2 -> ceil(1 * 2) = 2
+    che.report([100, 100], [8, 8], 50)  # ov 0.5, but one window is no evidence: no jump
+    assert che.anchor == 1
+    che.report([100, 100], [8, 8], 20)  # overheads [0.5, 0.2]: smaller 0.2 -> ceil(1 * 2) = 2
     assert che.anchor == 2
-    che.report([100, 100], [8, 8], 30)  # ov 0.3 -> ceil(2 * 3) = 6
+    che.report([100, 100], [8, 8], 30)  # [0.5, 0.2, 0.3]: median 0.3 -> ceil(2 * 3) = 6
     assert che.anchor == 6
-    che.report([100, 100], [8, 8], 50)  # ov 0.5 -> 30, clamped to max 8
+    che.report([100, 100], [8, 8], 50)  # [0.2, 0.3, 0.5]: median 0.3 -> 18, clamped to max 8
     assert che.anchor == 8
-    che.report([100, 100], [8, 8], 7)  # tau/2 <= ov <= tau: stays
+    che.report([100, 100], [8, 8], 7)  # latest ov 0.07 in [tau/2, tau]: stays (median 0.3 caps at 8)
     assert che.anchor == 8
-    che.report([100, 100], [8, 8], 4)  # ov < tau/2: decay by one
+    che.report([100, 100], [8, 8], 4)  # latest ov 0.04 < tau/2: decay by one (median 0.07: no jump)
     assert che.anchor == 7
     che.report([100, 100], [8, 8], 0)  # no sync measured: no change
     assert che.anchor == 7
     for _ in range(10):
         che.report([100, 100], [8, 8], 1)
     assert che.anchor == 1  # never below min_anchor
-    assert [h["anchor"] for h in che.history[:4]] == [2, 6, 8, 8]
-    assert che.history[0]["overhead"] == pytest.approx(0.2) and che.history[0]["window"] == 0
+    assert [h["anchor"] for h in che.history[:4]] == [1, 2, 6, 8]
+    assert che.history[0]["overhead"] == pytest.approx(0.5) and che.history[0]["window"] == 0
+
+
+def test_setup_single_overhead_spike_does_not_ratchet_the_anchor():
+    che = ElChe(2, batch_size=8)
+    for sync in (3, 3, 30, 3, 3, 25, 3, 3):  # ov 0.03 with isolated spikes to 0.3 / 0.25
+        che.report([100, 100], [8, 8], sync)
+        assert che.anchor == 1
+
+
+def test_builder_jumps_on_a_single_window():
+    che = builder(2, overhead_target=0.1)
+    che.report([1000, 1000], [10, 10], 500)  # the design card's reference: immediate jump
+    assert che.anchor == 50
 
 
 def test_anchor_respects_min_anchor():
@@ -193,21 +208,31 @@ def test_setup_dead_zone_keeps_small_moves():
     che = ElChe(2, batch_size=50)  # total 100
     che.report([100, 100], [50, 50], 0)  # equal: [50, 50]
     assert che.batch_sizes() == [50, 50]
-    che.report([100, 110], [50, 50], 0)  # new ~[51, 49]: both within 10 % -> kept
+    # m = [2.0, 2.06]: the new plan [51, 49] would predict 102 ms vs 103 ms kept: < 2 % gain -> kept
+    che.report([100, 103], [50, 50], 0)
     assert che.batch_sizes() == [50, 50]
-    che.report([100, 400], [50, 50], 0)  # big move on both ranks
+    che.report([100, 400], [50, 50], 0)  # big predicted gain: moves
     assert che.batch_sizes()[0] > 55 and sum(che.batch_sizes()) == 100
 
 
-def test_setup_dead_zone_falls_back_when_sum_breaks():
-    che = ElChe(2, batch_size=16)
-    che.report([23, 9 * 2.5], [23, 9], 0)  # costs 1 : 2.5 -> [23, 9]
+def test_setup_small_batches_reach_the_exact_split():
+    # the benchmark case: ~10-sample micro-batches, where a 10 % per-rank dead zone kept [22, 10] for good
+    che = ElChe(2, batch_size=16, batch_sizes=[22, 10])
+    for _ in range(4):
+        sizes = che.batch_sizes()
+        che.report([sizes[0] * 2.5, sizes[1] * 6.25], sizes, 0)  # speeds 1.0 : 0.4
     assert che.batch_sizes() == [23, 9]
-    # rank 1 slows (m 2.5 -> 3.4): new [25, 7]: rank 0 moves 8.7 % (inside), rank 1 22 % (outside);
-    # keeping rank 0 would sum to 30, so the plan is taken without the dead zone
-    che.report([23, 9 * 4.0], [23, 9], 0)
-    assert che.ms_per_unit[1] == pytest.approx(3.4)
-    assert che.batch_sizes() == [25, 7]
+
+
+def test_setup_second_measurement_replaces_the_warm_up_one():
+    che = ElChe(2, batch_size=16)
+    che.report([23, 9 * 2.5], [23, 9], 0)  # first window (warm-up costs included): costs 1 : 2.5 -> [23, 9]
+    assert che.batch_sizes() == [23, 9]
+    che.report([23, 9 * 4.0], [23, 9], 0)  # second measurement replaces the first outright
+    assert che.ms_per_unit[1] == pytest.approx(4.0)
+    assert che.batch_sizes() == [26, 6]
+    che.report([23, 6 * 5.0], [26, 6], 0)  # from the third on: the surprise-adaptive EMA
+    assert 4.0 < che.ms_per_unit[1] < 5.0
 
 
 def test_builder_dead_zone_and_first_measurement_bypass():
