@@ -1,0 +1,97 @@
+"""Single-device overhead: the setup-mode loop (Trainer.setup_head + graph.epoch + graph.step) against the same
+plain PyTorch loop (same model, optimizer, data order and collate), alternating rounds in one process.
+
+    python benchmarks/single_device_overhead.py [--rounds 6] [--steps 25]
+
+Prints the median step time of each and their ratio; the acceptance target is a ratio within 1.03.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import BertConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the offline tiny tokenizer and toy task
+
+import tiny_models  # noqa: E402
+
+from flodl_hf import DdpConfig, Trainer  # noqa: E402
+from flodl_hf.partition import epoch_permutation  # noqa: E402
+from heads import BertForSequenceClassification  # noqa: E402
+
+
+def make_config() -> BertConfig:
+    vocab = tiny_models.tiny_tokenizer("bert")
+    return BertConfig(vocab_size=len(vocab), hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=256, max_position_embeddings=64, num_labels=2)
+
+
+def setup_mode_round(data, steps: int, batch: int) -> list[float]:
+    torch.manual_seed(0)
+    config = make_config()
+    head = BertForSequenceClassification.from_config(config, tokenizer=tiny_models.tiny_tokenizer("bert"))
+    Trainer.setup_head_with(head, lambda dev: BertForSequenceClassification.on_device(config, 2, dev),
+                            lambda p: torch.optim.AdamW(p, lr=1e-4), DdpConfig(verbose=False))
+    graph = head.graph()
+    graph.set_data_loader(data, batch_size=batch, collate_fn=head.collate)
+    times, last = [], time.perf_counter()
+    for enc, labels in graph.epoch(0):
+        loss = head.compute_loss(enc, labels)
+        loss.backward()
+        graph.step()
+        now = time.perf_counter()
+        times.append(now - last)
+        last = now
+        if len(times) == steps:
+            break
+    return times[3:]  # warm-up excluded
+
+
+def plain_round(data, steps: int, batch: int) -> list[float]:
+    torch.manual_seed(0)
+    config = make_config()
+    head = BertForSequenceClassification.from_config(config, tokenizer=tiny_models.tiny_tokenizer("bert"))
+    model = head.graph().module
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    perm = epoch_permutation(len(data), 0).tolist()
+    times, last = [], time.perf_counter()
+    for k in range(steps):
+        enc, labels = head.collate([data[i] for i in perm[k * batch:(k + 1) * batch]])
+        loss = torch.nn.functional.cross_entropy(model(**enc).logits, labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        now = time.perf_counter()
+        times.append(now - last)
+        last = now
+    return times[3:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--batch-size", type=int, default=16)
+    args = parser.parse_args()
+    data = tiny_models.toy_task(args.steps * args.batch_size + 64, seed=0)
+    setup, plain = [], []
+    for r in range(args.rounds):  # alternate the order to cancel drift
+        first, second = (setup_mode_round, plain_round) if r % 2 == 0 else (plain_round, setup_mode_round)
+        for fn in (first, second):
+            (setup if fn is setup_mode_round else plain).extend(fn(data, args.steps, args.batch_size))
+    s, p = statistics.median(setup), statistics.median(plain)
+    print(f"setup-mode loop: median {1000 * s:.2f} ms/step over {len(setup)} steps")
+    print(f"plain PyTorch loop: median {1000 * p:.2f} ms/step over {len(plain)} steps")
+    print(f"ratio setup/plain: {s / p:.3f} (target <= 1.03)")
+
+
+if __name__ == "__main__":
+    main()
