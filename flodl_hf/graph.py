@@ -222,6 +222,7 @@ class Graph:
             self._resume = None
         perm = epoch_permutation(total, self._seed + int(n))
         runtime = self._runtime
+        partial_last = total % global_batch != 0 and not self.config.drop_last
         self._epoch_index, self._done_in_epoch = int(n), start
         for k in range(start, steps):
             sizes = runtime.plan_sizes() if runtime is not None else [self._batch_size]
@@ -229,7 +230,10 @@ class Graph:
             items = [self._dataset[int(i)] for i in indices]
             batch = self._collate(items) if self._collate is not None else items
             if runtime is not None:
-                runtime.begin_micro_batch(len(indices) - padding, last_in_epoch=(k == steps - 1))
+                # The epoch's last step closes a window; a partial last step (drop_last=False) is a window of
+                # its own, so every window's micro-batches have one size per rank (exact weighting).
+                window_end = k == steps - 1 or (partial_last and k == steps - 2)
+                runtime.begin_micro_batch(len(indices) - padding, last_in_epoch=window_end)
             yield batch
 
     # --- checkpoints --------------------------------------------------------------------------------------

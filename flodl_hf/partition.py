@@ -33,8 +33,9 @@ def rank_slice(perm: torch.Tensor, step: int, global_batch: int, sizes: Sequence
     """Indices rank ``rank`` takes at ``step`` and how many of them are padding.
 
     ``sizes`` are the per-rank micro-batch sizes (summing to ``global_batch``). A final partial step (only with
-    ``drop_last=False``) is shared out in the same proportions; a rank left short is padded with samples taken
-    from the start of the permutation, so every rank still runs the same number of steps.
+    ``drop_last=False``) is shared out in the same proportions; a rank whose share is zero gets one padding sample
+    (from the start of the permutation) so every rank still runs the same number of steps. The window weights
+    each rank by its real samples, so padding carries zero weight in the reduced gradient.
     """
     if sum(sizes) != global_batch:
         raise ValueError(f"per-rank sizes {list(sizes)} sum to {sum(sizes)}, not the global batch {global_batch}")

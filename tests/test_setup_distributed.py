@@ -237,3 +237,37 @@ def test_epochs_are_disjoint_and_complete(max_anchor):
         assert all(r[2] == 1 for r in results)
     else:
         assert sizes[0][-1] > sizes[2][-1]  # the fastest rank ends with the largest micro-batches
+
+
+# --- drop_last=False: a padded final step keeps the update exact -----------------------------------------------
+def _partial_rank(rank: int, world: int, n: int):
+    torch.manual_seed(100 + rank)
+    graph = Graph(_mlp())
+    cfg = DdpConfig(batch_sizes=[11, 5], anchor=2, freeze_plan=True, seed=7, verbose=False, timeout_s=60,
+                    drop_last=False)
+    Trainer.setup_with(graph, lambda dev: _mlp(), _sgd, cfg)
+    x, y = _data(n)
+    graph.set_data_loader(list(zip(x, y)), batch_size=8, collate_fn=_collate)
+    for xb, yb in graph.epoch(0):
+        torch.nn.functional.cross_entropy(graph.module(xb), yb).backward()
+        graph.step()
+    return [p.detach().clone() for p in graph.module.parameters()], graph.training_step
+
+
+def test_padded_final_step_is_exact():
+    n = 81  # 5 full steps of 16, then one sample: rank 1's share is zero, it runs on one padding sample
+    results = values(run_ranks(_partial_rank, 2, n))
+    torch.manual_seed(100)
+    model = _mlp()
+    opt = _sgd(model.parameters())
+    x, y = _data(n)
+    perm = epoch_permutation(n, 7)
+    for lo, hi in [(0, 32), (32, 64), (64, 80), (80, 81)]:  # anchor 2; the step before the partial one closes early
+        idx = perm[lo:hi]
+        torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+        opt.step()
+        opt.zero_grad()
+    for params, steps in results:
+        assert steps == 4
+        for p, q in zip(params, model.parameters()):
+            torch.testing.assert_close(p, q.detach(), rtol=1e-5, atol=1e-6)
