@@ -214,6 +214,9 @@ class Coordinator:
         elif kind == "state":
             self._collective_state(msg[3], msg[4])
         elif kind == "error":
+            dead = self._dead_peer(rank) if self.collective else None
+            if dead is not None:  # the collective failed *because* a peer died: name the dead one
+                raise self._death_error(dead)
             raise RuntimeError(f"worker {rank} ({self.devices[rank]}) failed:\n{msg[2]}")
 
     def _emit_epochs(self) -> None:
@@ -321,6 +324,29 @@ class Coordinator:
         return state_from_flat(self.layout, params, buffers, others)
 
     # -- failures --------------------------------------------------------------------------------------------
+    @staticmethod
+    def _how(code: Optional[int]) -> str:
+        return f"exit code {code}" + (" (killed by signal %d)" % -code if code is not None and code < 0 else "")
+
+    def _death_error(self, r: int) -> DistributedError:
+        proc = self.procs[r]
+        return DistributedError(
+            f"worker {r} ({self.devices[r]}, pid {proc.pid}) died ({self._how(proc.exitcode)}); with "
+            "AverageBackend.NCCL every worker takes part in every average, so the run cannot continue: all workers "
+            "were stopped. Use .backend(AverageBackend.CPU) to let the survivors finish without it")
+
+    def _dead_peer(self, reporter: int, wait_s: float = 3.0) -> Optional[int]:
+        """A worker other than ``reporter`` that has exited (waiting briefly: a peer's death can reach the
+        survivors' collectives before its process is reaped)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for r in sorted(self.live):
+                if r != reporter and not self.procs[r].is_alive():
+                    return r
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+
     def _check_workers(self) -> None:
         for r in sorted(self.live):
             proc = self.procs[r]
@@ -334,15 +360,9 @@ class Coordinator:
                 if self.stopping:
                     return
             code = proc.exitcode
-            how = f"exit code {code}" + (
-                " (killed by signal %d)" % -code if code is not None and code < 0 else ""
-            )
+            how = self._how(code)
             if self.collective:
-                raise DistributedError(
-                    f"worker {r} ({self.devices[r]}, pid {proc.pid}) died ({how}); with AverageBackend.NCCL "
-                    "every worker takes part in every average, so the run cannot continue: all workers were "
-                    "stopped. Use .backend(AverageBackend.CPU) to let the survivors finish without it"
-                )
+                raise self._death_error(r)
             self._drop(r, how)
 
     def _drop(self, rank: int, how: str) -> None:
