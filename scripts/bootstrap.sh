@@ -19,7 +19,9 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 echo "flodl-hf: setting up $venv (one time) ..." >&2
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile)
+# Byte-compile at install: where PYTHONDONTWRITEBYTECODE is set, nothing is cached later and every spawned rank
+# would recompile torch and transformers from source (measured: 22 s instead of 9 s per import).
+pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 # shellcheck disable=SC2086
 "${pip[@]}" ${TORCH_SPEC:-torch==2.13.0}
 if [ "$profile" = test ]; then "${pip[@]}" -e ".[dev]"; else "${pip[@]}" -e .; fi
