@@ -233,7 +233,7 @@ class Graph:
                 # The epoch's last step closes a window; a partial last step (drop_last=False) is a window of
                 # its own, so every window's micro-batches have one size per rank (exact weighting).
                 window_end = k == steps - 1 or (partial_last and k == steps - 2)
-                runtime.begin_micro_batch(len(indices) - padding, last_in_epoch=window_end)
+                runtime.begin_micro_batch(len(indices) - padding, window_end=window_end)
             yield batch
 
     # --- checkpoints --------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import flodl_hf
-import heads
 
 ROOT = Path(__file__).resolve().parents[1]
 

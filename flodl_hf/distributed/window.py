@@ -135,11 +135,12 @@ class WindowRuntime:
         self._compute_s = 0.0
         self._window_anchor: Optional[int] = None
 
-    def begin_micro_batch(self, samples: int, last_in_epoch: bool) -> None:
-        """Called by ``graph.epoch`` before yielding a micro-batch: its size and whether it ends the epoch."""
+    def begin_micro_batch(self, samples: int, window_end: bool) -> None:
+        """Called by ``graph.epoch`` before yielding a micro-batch: its real sample count, and whether its
+        ``step()`` must close the window early (end of epoch, or just before a partial final step)."""
         self._mb_start = time.perf_counter()
         self._pending_samples = int(samples)
-        self._force_sync = bool(last_in_epoch)
+        self._force_sync = bool(window_end)
 
     def micro_batch_done(self, graph: Any) -> bool:
         """Account for one finished micro-batch; close the window when full. True when an optimizer step ran."""
