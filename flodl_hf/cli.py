@@ -191,6 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="RANK is RATIO (>= 1) times slower than the others; seeds El Che's split until measured")
     multi.add_argument("--overhead-target", type=_overhead, default=0.10, metavar="F",
                        help="El Che's ceiling of synchronisation / compute time, in [0.01, 0.5] (0.1)")
+    multi.add_argument("--fixed-anchor", type=_int_at_least(1), default=None, metavar="A",
+                       help="average exactly A micro-steps per optimizer step (a constant effective batch of "
+                            "A x devices x batch size); default: El Che adapts A")
+    multi.add_argument("--max-micro-batch", type=_int_at_least(1), default=None, metavar="N",
+                       help="memory cap: no device gets a micro-batch of more than N samples; El Che gives the "
+                            "rest to the others")
 
     predict = sub.add_parser("predict", help="classify texts with a trained model directory")
     predict.add_argument("--model", required=True, help="trained model directory")
@@ -237,7 +243,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
                          checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
                          keep_checkpoint=args.keep_checkpoint, resume=args.resume, eval_every=args.eval_every,
                          early_stopping_patience=args.early_stopping_patience, report_to=args.report_to,
-                         speed_hint=args.speed_hint, overhead_target=args.overhead_target)
+                         speed_hint=args.speed_hint, overhead_target=args.overhead_target,
+                         fixed_anchor=args.fixed_anchor, max_micro_batch=args.max_micro_batch)
 
 
 def run_train(args: Any) -> dict:

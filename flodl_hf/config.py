@@ -26,7 +26,7 @@ def _bad(name: str, value: object, fix: str) -> ValueError:
 def _check_device(name: str) -> str:
     """Return a normalised device string or raise a ValueError naming the bad entry."""
     text = str(name).strip().lower()
-    if text == "cpu" or text == "cuda" or text == "mps":
+    if text in ("cpu", "cuda", "mps"):
         return text
     if text.startswith("cuda:") and text[5:].isdigit():
         return text
@@ -34,6 +34,17 @@ def _check_device(name: str) -> str:
         f"unknown device {name!r}: use 'cpu', 'cuda' or 'cuda:N' (for example devices=['cuda:0', 'cuda:1'] "
         "or devices=['cpu', 'cpu'])"
     )
+
+
+def _check_device_mix(devices: Sequence[str]) -> None:
+    """Several ranks need one collective backend: NCCL for CUDA, gloo for CPU. A mixed list is refused."""
+    kinds = sorted({d.split(":")[0] for d in devices})
+    if len(devices) > 1 and "mps" in kinds:
+        raise ValueError(f"devices {list(devices)} include 'mps': Apple MPS trains on one device only (no "
+                         "collective backend supports it); use devices=['mps'], or CPU/CUDA ranks")
+    if len(kinds) > 1:
+        raise ValueError(f"devices {list(devices)} mix {' and '.join(kinds)}: all ranks of one job use one backend "
+                         "(NCCL on CUDA, gloo on CPU), so use only CUDA devices or only CPU devices")
 
 
 @dataclass
@@ -71,6 +82,16 @@ class DdpConfig:
     freeze_plan: bool = False
     """Keep the anchor and the split fixed (no auto-tuning)."""
 
+    fixed_anchor: Optional[int] = None
+    """Keep El Che's window at exactly this many micro-batches, so every optimizer step averages
+    ``fixed_anchor x world_size x batch_size`` samples (a constant effective batch); El Che still balances the
+    split between ranks. None: the anchor adapts within [1, max_anchor]."""
+
+    max_micro_batch: Optional[int | Sequence[int]] = None
+    """Memory cap: the most samples one rank's micro-batch may hold (one int for every rank, or one per rank).
+    El Che never gives a rank more and spreads the rest over the others; a cap that cannot hold the global batch
+    is refused at setup. None: no cap."""
+
     max_grad_norm: Optional[float] = None
     """Clip the *reduced* gradient to this norm before each optimizer step (None: no clipping)."""
 
@@ -107,6 +128,7 @@ class DdpConfig:
             if len(self.devices) == 0:
                 raise _bad("devices", self.devices, "give at least one device, e.g. ['cpu'] or ['cuda:0', 'cuda:1']")
             self.devices = [_check_device(d) for d in self.devices]
+            _check_device_mix(self.devices)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise _bad("seed", self.seed, "use an integer seed")
         if not (0.01 <= float(self.overhead_target) <= 0.5):
@@ -114,6 +136,17 @@ class DdpConfig:
                        "use a fraction of compute time in [0.01, 0.5], e.g. 0.10")
         if self.anchor is not None and self.anchor < 1:
             raise _bad("anchor", self.anchor, "use an anchor >= 1 (micro-batches per synchronisation window)")
+        if self.fixed_anchor is not None and (not isinstance(self.fixed_anchor, int)
+                                              or isinstance(self.fixed_anchor, bool) or self.fixed_anchor < 1):
+            raise _bad("fixed_anchor", self.fixed_anchor, "use an integer >= 1 (micro-batches per optimizer step), "
+                       "or None to let El Che adapt it")
+        if self.max_micro_batch is not None:
+            caps = [self.max_micro_batch] if isinstance(self.max_micro_batch, int) else list(self.max_micro_batch)
+            if not caps or any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in caps):
+                raise _bad("max_micro_batch", self.max_micro_batch,
+                           "use an integer >= 1 (samples per micro-batch), or one such integer per rank")
+            if not isinstance(self.max_micro_batch, int):
+                self.max_micro_batch = caps
         if self.max_anchor is not None and self.max_anchor < 0:
             raise _bad("max_anchor", self.max_anchor, "use max_anchor >= 1, or 0 to disable El Che")
         if self.speed_hint is not None:
@@ -147,13 +180,52 @@ class DdpConfig:
         if not float(self.bucket_mb) > 0:
             raise _bad("bucket_mb", self.bucket_mb, "use a positive bucket size in MiB, e.g. 64")
 
+    def el_che_kwargs(self, world: int, batch_size: int) -> dict:
+        """The El Che settings of this config for ``world`` ranks of ``batch_size`` (checked here, where the
+        message can name the DdpConfig field)."""
+        kwargs: dict = {"anchor": self.anchor, "max_anchor": self.max_anchor, "overhead_target": self.overhead_target,
+                        "batch_sizes": list(self.batch_sizes) if self.batch_sizes is not None else None}
+        if self.fixed_anchor is not None:
+            if self.max_anchor == 0:
+                raise _bad("fixed_anchor", self.fixed_anchor, "it needs El Che on: remove max_anchor=0")
+            a = int(self.fixed_anchor)
+            kwargs.update(anchor=a, min_anchor=a, max_anchor=a)
+        caps = self.micro_batch_caps(world)
+        if caps is not None:
+            if sum(caps) < world * batch_size:
+                raise _bad("max_micro_batch", self.max_micro_batch,
+                           f"the caps {caps} hold {sum(caps)} samples per step but {world} rank(s) x batch_size "
+                           f"{batch_size} = {world * batch_size}: raise the cap, lower batch_size or add ranks")
+            if world == 1 or self.max_anchor == 0:
+                if any(c < batch_size for c in caps):
+                    raise _bad("max_micro_batch", self.max_micro_batch,
+                               f"with {'one rank' if world == 1 else 'El Che off (max_anchor=0)'} every micro-batch "
+                               f"holds batch_size={batch_size} samples: lower batch_size to {min(caps)} or below")
+                caps = None
+            kwargs["max_batch_sizes"] = caps
+        return kwargs
+
+    def micro_batch_caps(self, world: int) -> Optional[list[int]]:
+        """``max_micro_batch`` as one cap per rank (None: no cap)."""
+        cap = self.max_micro_batch
+        if cap is None:
+            return None
+        if isinstance(cap, int):
+            return [cap] * world
+        caps = list(cap)
+        if len(caps) != world:
+            raise _bad("max_micro_batch", cap, f"give one cap per rank ({world}), or one int for all")
+        return caps
+
     def resolved_devices(self) -> Optional[list[str]]:
         """The explicit device list: the field, else ``$FLODL_HF_DEVICES``, else None (auto)."""
         if self.devices is not None:
             return list(self.devices)
         env = os.environ.get(DEVICES_ENV, "").strip()
         if env:
-            return [_check_device(d) for d in env.split(",") if d.strip()]
+            devices = [_check_device(d) for d in env.split(",") if d.strip()]
+            _check_device_mix(devices)
+            return devices
         return None
 
     def launch_enabled(self) -> bool:

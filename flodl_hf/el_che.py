@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import statistics
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +29,10 @@ _DEAD_ZONE = 0.10  # keep a previous value unless the new one differs by more th
 _SETUP_DEAD_ZONE = 0.02  # setup: keep the previous sizes while their predicted window time is this close
 _HISTORY_LEN = 1000  # history entries kept (oldest dropped)
 _CEIL_TOL = 1e-9  # absorbs float noise in ceil(A * ov / tau), e.g. 50.000000000000007 -> 50
-_STATE_VERSION = 1
+_OVERHEAD_WINDOWS = 5  # setup: per-micro-batch overheads kept for the median
+_OVERHEAD_MIN = 3  # setup: the anchor moves only once this many windows are measured
+_ANCHOR_DEAD_ZONE = 0.07  # setup: about two standard errors of a 5-window median under 5 % timing noise
+_STATE_VERSION = 2  # 2: setup overheads per micro-batch (1: sync / compute at the anchor then)
 
 
 def round_half_up(x: float) -> int:
@@ -52,12 +56,35 @@ def _check_int(name: str, value: object, minimum: int, fix: str) -> None:
         raise ValueError(f"{name}={value!r} is invalid: {fix}")
 
 
-def _largest_remainder(quotas: Sequence[float], total: int) -> list[int]:
-    """Integers summing exactly to ``total``, each >= 1, close to ``quotas``.
+def _water_fill(weights: Sequence[float], total: int, caps: Sequence[int]) -> list[float]:
+    """Real quotas proportional to ``weights``, summing to ``total``, none above its cap.
+
+    Why iterate: a rank clamped to its cap frees work that goes to the others in
+    proportion to *their* weights, which may push another over its cap. Each pass
+    fixes at least one rank; ``sum(caps) >= total`` leaves an uncapped rank.
+    With no cap binding this is exactly ``total * w / sum(w)``.
+    """
+    quotas, free, remaining = [0.0] * len(weights), list(range(len(weights))), float(total)
+    while True:
+        s = sum(weights[r] for r in free)
+        for r in free:
+            quotas[r] = remaining * weights[r] / s
+        over = [r for r in free if quotas[r] > caps[r]]
+        if not over:
+            return quotas
+        for r in over:
+            quotas[r] = float(caps[r])
+            remaining -= caps[r]
+        free = [r for r in free if r not in over]
+
+
+def _largest_remainder(quotas: Sequence[float], total: int, caps: Sequence[int]) -> list[int]:
+    """Integers summing exactly to ``total``, each in ``[1, cap]``, close to ``quotas``.
 
     Floors first, then one extra unit each to the largest fractional parts (ties:
     lower rank). A rank left at 0 takes one unit from the most over-allocated
-    rank (largest ``b - quota``, ties: lower rank) that has more than 1.
+    rank (largest ``b - quota``, ties: lower rank) that has more than 1; a rank
+    then above its cap hands units to the most under-allocated rank with room.
     """
     out = [math.floor(q) for q in quotas]
     order = sorted(range(len(quotas)), key=lambda r: (-(quotas[r] - out[r]), r))
@@ -68,6 +95,12 @@ def _largest_remainder(quotas: Sequence[float], total: int) -> list[int]:
             donor = max((q for q in range(len(out)) if out[q] > 1), key=lambda q: (out[q] - quotas[q], -q))
             out[donor] -= 1
             out[r] += 1
+    for r in range(len(out)):
+        while out[r] > caps[r]:
+            room = [q for q in range(len(out)) if out[q] < caps[q]]
+            taker = max(room, key=lambda q: (quotas[q] - out[q], -q))
+            out[r] -= 1
+            out[taker] += 1
     return out
 
 
@@ -90,17 +123,26 @@ class ElChe:
     prior (the speed hint, else the initial ``batch_sizes``, else equal speed)
     scaled by the mean ratio ``m_q / prior_q`` over the measured ranks.
 
-    Setup mode refinements over the design card (measured on the benchmark: a
-    10 % per-rank dead zone on ~10-sample micro-batches kept a one-sample error
-    for 44 windows, and single contention spikes ratcheted the anchor up):
+    Setup mode refinements over the design card (measured: a 10 % per-rank dead
+    zone on ~10-sample micro-batches kept a one-sample error for 44 windows, one
+    contention spike ratcheted the anchor up, and multiplying the anchor by an
+    overhead measured at a smaller one settled at 7 where 5 meets the target):
 
     - Dead zone: the previous sizes are kept while their predicted window time
       (``max_r b_r * m_r``) is within 2 % of the new plan's; the dead zone applies
       only once the previous plan came from measurements of every rank.
-    - Anchor jumps need persistent evidence: the overhead that may raise the
-      anchor is the median of the last three measured windows (the smaller of
-      two; no jump on a single window), and the latest window must be over
-      target too. Decay still reacts to the latest window alone.
+    - Anchor, per micro-batch: a window records ``o1 = sync_ms * n / max_r wall_r``
+      (n micro-batches), its overhead at anchor 1. Sync does not grow with the
+      anchor, compute does, so ``o1 / A`` predicts the overhead at any A and
+      windows run at different anchors compare. From three windows on, A is set
+      (up or down) to the smallest A in [min_anchor, max_anchor] with
+      ``median(o1) / A <= overhead_target`` (median of the last five): a fixed
+      point, so no overshoot, and one spike is ignored. It moves only when A
+      misses the target by over 7 % of it or A - 1 meets it with 7 % to spare:
+      without that band 5 % timing noise flipped A between neighbours near a
+      boundary (32 of 100 random cases over 20 windows; 3 with it).
+    - Memory caps (``max_batch_sizes``): rank r never gets more than its cap;
+      what it cannot take goes to the other ranks in proportion to their speed.
     - Warm-up: a rank's first window carries one-time costs, so its second
       measurement replaces the first outright; the EMA applies from then on.
     Builder mode follows the design card exactly (10 % dead zone per count,
@@ -114,9 +156,10 @@ class ElChe:
     smoothed ``ms_per_unit``, speed prior, current plan, window count, frozen
     flag, history) plus ``world_size``, ``mode`` and ``batch_size`` for
     checking. The tuning configuration (``min_anchor``, ``max_anchor``,
-    ``overhead_target``, ``max_batch_diff``) is *not* restored: it comes from
-    the constructor, so a resumed run may change it; a restored anchor outside
-    the new bounds is clamped into them and the plan recomputed. With the same
+    ``overhead_target``, ``max_batch_diff``, ``max_batch_sizes``) is *not*
+    restored: it comes from the constructor, so a resumed run may change it; a
+    restored anchor outside the new bounds is clamped into them and the plan
+    recomputed, as is a restored plan above the caps. With the same
     configuration a restored object makes exactly the original's future decisions.
     """
 
@@ -132,6 +175,7 @@ class ElChe:
         overhead_target: float = 0.10,
         max_batch_diff: int | None = None,
         batch_sizes: list[int] | None = None,
+        max_batch_sizes: list[int] | None = None,
     ) -> None:
         _check_int("world_size", world_size, 1, "pass the number of ranks, an integer >= 1")
         if mode not in _MODES:
@@ -170,10 +214,11 @@ class ElChe:
                     "remove it or use mode='builder'"
                 )
             _check_int("max_batch_diff", max_batch_diff, 1, "use an integer >= 1, or None for no limit")
-        if batch_sizes is not None and not setup:
-            raise ValueError(
-                "batch_sizes is setup-mode only: remove it or use mode='setup' (builder mode splits counts)"
-            )
+        for name, value in (("batch_sizes", batch_sizes), ("max_batch_sizes", max_batch_sizes)):
+            if value is not None and not setup:
+                raise ValueError(
+                    f"{name} is setup-mode only: remove it or use mode='setup' (builder mode splits counts)"
+                )
 
         self._world_size: int = world_size
         self._mode: str = mode
@@ -186,7 +231,7 @@ class ElChe:
         self._anchor: int = anchor if self._enabled else 1
         self._ms: list[float | None] = [None] * world_size
         self._measured: list[int] = [0] * world_size  # windows measured per rank
-        self._overheads: deque[float] = deque(maxlen=3)  # recent sync/compute ratios (setup mode)
+        self._overheads: deque[float] = deque(maxlen=_OVERHEAD_WINDOWS)  # setup: per-micro-batch overheads
         self._prior: list[float] | None = None  # relative cost per unit, from hint or initial sizes
         self._plan: list[int] = []
         self._plan_calibrated: bool = False
@@ -195,22 +240,49 @@ class ElChe:
         self._history: deque[dict[str, Any]] = deque(maxlen=_HISTORY_LEN)
 
         total = self._total()
+        caps = list(max_batch_sizes) if isinstance(max_batch_sizes, (list, tuple)) else max_batch_sizes
+        if caps is not None and (
+            not isinstance(caps, list) or len(caps) != world_size or any(not _is_int(c) or c < 1 for c in caps)
+        ):  # a single int is refused rather than read as "every rank"
+            raise ValueError(f"max_batch_sizes={max_batch_sizes!r} is invalid: give {world_size} ints >= 1")
+        self._caps: list[int] | None = caps
+        if caps is not None and sum(caps) < total:
+            raise ValueError(
+                f"max_batch_sizes={caps} sums to {sum(caps)}, less than the global batch world_size * "
+                f"batch_size = {total}: raise a cap, lower batch_size or add a rank"
+            )
+        if caps is not None and not self._enabled and min(caps) < total // world_size:
+            raise ValueError(
+                f"max_batch_sizes={caps} has a cap below batch_size={batch_size}, but El Che is disabled "
+                "(max_anchor=0): El Che must be enabled (max_anchor >= 1) for caps below batch_size, "
+                "or lower batch_size"
+            )
         if batch_sizes is not None:
-            sizes = list(batch_sizes)
-            if len(sizes) != world_size or any(not _is_int(b) or b < 1 for b in sizes) or sum(sizes) != total:
-                raise ValueError(
-                    f"batch_sizes={batch_sizes!r} is invalid: give {world_size} integers >= 1 summing to "
-                    f"world_size * batch_size = {total}"
-                )
-            if not self._enabled and sizes != [batch_size] * world_size:
-                raise ValueError(
-                    f"batch_sizes={batch_sizes!r} cannot be used with El Che disabled (max_anchor=0 or "
-                    "world_size=1): remove batch_sizes or set max_anchor >= 1"
-                )
-            self._prior = [max(sizes) / b for b in sizes]
-            self._plan = sizes
+            self._prior = [max(batch_sizes) / b for b in self._check_sizes("batch_sizes", batch_sizes)]
+            self._plan = list(batch_sizes)
         else:
             self._plan = self._compute_plan(dead_zone=False) if self._enabled else self._disabled_plan()
+
+    def _check_sizes(self, name: str, sizes: Sequence[int]) -> list[int]:
+        """Validate a user's split: W ints >= 1 summing to W * batch_size, within the caps."""
+        total, w, b, out = self._total(), self._world_size, self._batch_size, list(sizes)
+        if len(out) != w or any(not _is_int(v) or v < 1 for v in out) or sum(out) != total:
+            raise ValueError(
+                f"{name}={sizes!r} is invalid: give {w} integers >= 1 summing to "
+                f"world_size * batch_size = {total}"
+            )
+        if not self._enabled and out != [b] * w:
+            raise ValueError(
+                f"{name}={sizes!r} cannot be used with El Che disabled (max_anchor=0 or world_size=1): "
+                f"use [{b}] * {w} or set max_anchor >= 1"
+            )
+        over = [r for r in range(w) if self._caps is not None and out[r] > self._caps[r]]
+        if over:
+            raise ValueError(
+                f"{name}={sizes!r} exceeds max_batch_sizes={self._caps} on rank(s) {over}: "
+                "move the excess to ranks with room or raise their caps"
+            )
+        return out
 
     @property
     def world_size(self) -> int:
@@ -263,6 +335,11 @@ class ElChe:
         return self._frozen
 
     @property
+    def max_batch_sizes(self) -> list[int] | None:
+        """Per-rank micro-batch caps (setup mode; None = uncapped); configuration, never restored."""
+        return None if self._caps is None else list(self._caps)
+
+    @property
     def history(self) -> list[dict[str, Any]]:
         """One entry per report (last 1000): window, overhead, anchor, shares, batch_sizes or counts."""
         return [dict(h) for h in self._history]
@@ -306,13 +383,27 @@ class ElChe:
             self._plan = self._compute_plan(dead_zone=False)
             self._plan_calibrated = False
 
-    def report(self, wall_ms: Sequence[float], work: Sequence[float], sync_ms: float) -> None:
+    def report(
+        self,
+        wall_ms: Sequence[float],
+        work: Sequence[float],
+        sync_ms: float,
+        *,
+        micro_batches: int | None = None,
+    ) -> None:
         """Feed one window's figures (identical on every rank) and compute the next plan.
 
         ``wall_ms[r]``: rank r's compute time in the window, excluding sync.
         ``work[r]``: samples (setup) or batches (builder) rank r *actually* did.
         ``sync_ms``: all-reduce plus buffer sync time of the window.
+        ``micro_batches`` (setup mode): micro-batches each rank ran in the window,
+        default the current anchor; the anchor rule divides compute by it, so pass
+        it when the window ran at another anchor (e.g. a short final window).
         """
+        if micro_batches is not None and self._mode != "setup":
+            raise ValueError(f"micro_batches={micro_batches!r} is setup-mode only: remove it in builder mode")
+        if micro_batches is not None:
+            _check_int("micro_batches", micro_batches, 1, "pass the micro-batches per rank, an integer >= 1")
         w = self._world_size
         for name, seq in (("wall_ms", wall_ms), ("work", work)):
             if len(seq) != w:
@@ -338,18 +429,22 @@ class ElChe:
                         alpha = min(max(abs(new - m) / m, 0.1), 0.8)
                         self._ms[r] = alpha * new + (1 - alpha) * m
             if self._enabled:
-                # 2. Anchor: jump up on overhead, decay by one when well under target.
+                # 2. Anchor. Setup: smallest anchor meeting the target on the median per-micro-batch
+                # overhead. Builder: jump up on overhead, decay by one when well under target.
                 tau = self._overhead_target
-                if compute > 0 and sync_ms > 0:
+                if compute > 0 and sync_ms > 0 and self._mode == "setup":
+                    n = self._anchor if micro_batches is None else micro_batches
+                    self._overheads.append(sync_ms * n / compute)
+                    med, a, band = statistics.median(self._overheads), self._anchor, tau * _ANCHOR_DEAD_ZONE
+                    if len(self._overheads) >= _OVERHEAD_MIN and (
+                        med / a > tau + band or (a > 1 and med / (a - 1) <= tau - band)
+                    ):
+                        desired = math.ceil(med / tau - _CEIL_TOL)
+                        self._anchor = min(max(desired, self._min_anchor), self._max_anchor)
+                elif compute > 0 and sync_ms > 0:
                     ov = sync_ms / compute
-                    jump_ov = ov
-                    if self._mode == "setup":
-                        self._overheads.append(ov)
-                        recent = sorted(self._overheads)
-                        jump_ov = recent[len(recent) // 2] if len(recent) == 3 else (
-                            recent[0] if len(recent) == 2 else 0.0)
-                    if jump_ov > tau and ov > tau:
-                        target = math.ceil(self._anchor * jump_ov / tau - _CEIL_TOL)
+                    if ov > tau:
+                        target = math.ceil(self._anchor * ov / tau - _CEIL_TOL)
                         self._anchor = min(max(target, self._min_anchor), self._max_anchor)
                     elif ov < tau / 2 and self._anchor > self._min_anchor:
                         self._anchor -= 1
@@ -384,10 +479,9 @@ class ElChe:
         est = self._estimates()
         if self._mode == "setup":
             total = self._total()
-            inv = [1.0 / m for m in est]
-            s = sum(inv)
-            new = _largest_remainder([total * v / s for v in inv], total)
-            if dead_zone and prev and sum(prev) == total:
+            caps = self._caps or [total] * self._world_size
+            new = _largest_remainder(_water_fill([1.0 / m for m in est], total, caps), total, caps)
+            if dead_zone and prev and sum(prev) == total and all(b <= c for b, c in zip(prev, caps)):
                 predicted = lambda plan: max(b * m for b, m in zip(plan, est))  # noqa: E731
                 if predicted(prev) <= (1.0 + _SETUP_DEAD_ZONE) * predicted(new):
                     return list(prev)
@@ -408,10 +502,12 @@ class ElChe:
         return new
 
     def set_anchor(self, anchor: int) -> None:
-        """Move the anchor from outside (e.g. builder mode's divergence guard) and recompute the plan.
+        """Move the anchor from outside (e.g. builder mode's divergence guard).
 
         An anchor below ``min_anchor`` lowers the floor to it (the caller asked for a smaller window on purpose);
-        one above ``max_anchor`` is a ValueError. Ignored while El Che is disabled.
+        one above ``max_anchor`` is a ValueError. Ignored while El Che is disabled. Builder counts scale with
+        the anchor, so they are recomputed; setup sizes do not depend on it, so they are kept. Unless frozen,
+        later reports apply the anchor rule from there (setup overheads are per micro-batch, so still valid).
         """
         _check_int("anchor", anchor, 1, "use an anchor >= 1")
         if not self._enabled:
@@ -420,7 +516,20 @@ class ElChe:
             raise ValueError(f"anchor={anchor} is above max_anchor={self._max_anchor}: use a value <= max_anchor")
         self._min_anchor = min(self._min_anchor, int(anchor))
         self._anchor = int(anchor)
-        self._plan = self._compute_plan(dead_zone=False)
+        if self._mode == "builder":
+            self._plan = self._compute_plan(dead_zone=False)
+
+    def set_batch_sizes(self, sizes: list[int]) -> None:
+        """Pin the next window's micro-batch sizes (setup mode): a manual override of the current plan.
+
+        ``sizes``: W integers >= 1 summing to ``W * batch_size``, within ``max_batch_sizes`` (disabled:
+        only the equal split). Not a speed statement (use :meth:`speed_hint`). Unless frozen, the next
+        report adapts again; the pinned plan is marked uncalibrated so the 2 % dead zone cannot keep it.
+        """
+        if self._mode != "setup":
+            raise ValueError("set_batch_sizes() is setup-mode only: this El Che is in builder mode")
+        self._plan = self._check_sizes("sizes", sizes)
+        self._plan_calibrated = False
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable snapshot; see "Checkpoint behaviour" in the class docstring."""
@@ -454,7 +563,10 @@ class ElChe:
                 )
         self._ms = [None if m is None else float(m) for m in state["ms_per_unit"]]
         self._measured = [int(n) for n in state["measured"]]
-        self._overheads = deque((float(v) for v in state["recent_overheads"]), maxlen=3)
+        # version 1 kept sync / compute at the anchor then: scale by the saved one (exact while it was steady)
+        scale = int(state["anchor"]) if self._mode == "setup" and int(state["version"]) < 2 else 1
+        overheads = (float(v) * scale for v in state["recent_overheads"])
+        self._overheads = deque(overheads, maxlen=_OVERHEAD_WINDOWS)
         self._prior = None if state["prior"] is None else [float(p) for p in state["prior"]]
         self._windows = int(state["windows"])
         self._frozen = bool(state["frozen"])
@@ -466,7 +578,8 @@ class ElChe:
         self._anchor = min(max(anchor, self._min_anchor), self._max_anchor)
         self._plan = [int(v) for v in state["plan"]]
         self._plan_calibrated = bool(state["plan_calibrated"])
-        if self._anchor != anchor or len(self._plan) != self._world_size:
+        over_caps = self._caps is not None and any(b > c for b, c in zip(self._plan, self._caps))
+        if self._anchor != anchor or len(self._plan) != self._world_size or over_caps:
             self._plan = self._compute_plan(dead_zone=False)
 
     def describe(self) -> str:

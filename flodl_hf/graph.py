@@ -9,6 +9,10 @@ world size and device; it never knows about task heads.
 from __future__ import annotations
 
 import contextlib
+import math
+import queue
+import threading
+from collections import deque
 from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, runtime_checkable
 
 import torch
@@ -16,7 +20,9 @@ import torch
 from .config import DdpConfig
 from .partition import epoch_permutation, rank_slice, steps_per_epoch
 
-__all__ = ["Graph", "HasGraph"]
+__all__ = ["Graph", "HasGraph", "EpochPlan", "LOSS_REDUCTIONS"]
+
+LOSS_REDUCTIONS = ("mean", "sum")
 
 
 @runtime_checkable
@@ -62,6 +68,10 @@ class Graph:
         self._done_in_epoch: int = 0  # micro-batches of that epoch finished by step()
         self._resume: Optional[tuple[int, int]] = None  # (epoch, micro-batches done) from a checkpoint
         self._scaler: Any = None  # torch.amp.GradScaler for fp16 on CUDA
+        # Drawn but not yet stepped plan steps, oldest first: (epoch, step k, real samples, window end).
+        self._pending: deque[tuple[int, int, int, bool]] = deque()
+        self._raised_flags = 0
+        self._agreed_flags = 0
 
     # --- protocol -------------------------------------------------------------------------------------------
     def graph(self) -> "Graph":
@@ -100,7 +110,9 @@ class Graph:
 
     # --- optimisation -------------------------------------------------------------------------------------
     def set_scheduler(self, scheduler: Any) -> None:
-        """Attach an LR scheduler stepped once per optimizer step (``scheduler.step()``)."""
+        """Attach an LR scheduler. It is stepped once per micro-step: after an optimizer step that closed a window
+        of A micro-batches, ``scheduler.step()`` runs A times (once on one device). Size a transformers schedule
+        with ``num_training_steps=graph.total_steps(epochs)`` and it ends exactly at its last step."""
         self.scheduler = scheduler
 
     def set_lr_scale(self, scale: float) -> None:
@@ -124,10 +136,17 @@ class Graph:
         """Finish one micro-batch: on one device, optimizer step + zero_grad + scheduler; on N ranks, close the
         El Che window when it is full (reduce, clip, step) and otherwise just accumulate."""
         optimizer = self._require_optimizer()
-        if self._epoch_index is not None:
+        entry = self._pending.popleft() if self._pending else None
+        if entry is not None:
+            self._epoch_index, self._done_in_epoch = entry[0], entry[1] + 1
+        elif self._epoch_index is not None:
             self._done_in_epoch += 1
         if self._runtime is not None:
-            if self._runtime.micro_batch_done(self):
+            self._runtime.set_user_flags(self._raised_flags)
+            self._raised_flags = 0
+            planned = None if entry is None else (entry[2], entry[3])
+            if self._runtime.micro_batch_done(self, planned):
+                self._agreed_flags = self._runtime.agreed_flags
                 self.training_step += 1
             return
         if self.config.max_grad_norm is not None:
@@ -135,7 +154,43 @@ class Graph:
                 self._scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.max_grad_norm)
         self.apply_optimizer_step(optimizer)
+        self._agreed_flags, self._raised_flags = self._raised_flags, 0
         self.training_step += 1
+
+    def loss_items(self, items: float, *, reduction: str = "mean") -> None:
+        """Declare what this micro-batch's loss averaged over, before ``graph.step()``.
+
+        ``items``: how many things the loss is a mean over -- samples, tokens whose label is not -100, or the sum
+        of the sample weights of a weighted loss. On N ranks each micro-batch's gradient is weighted by it and the
+        window divides by the total over every rank, so the update equals one process's on the concatenated
+        micro-batches (what transformers does with ``num_items_in_batch``). ``reduction="sum"`` declares a summed
+        loss (weight 1, no division; ``items`` is then informational). Every task head's ``compute_loss`` calls
+        this for you; a loop that never calls it is weighted by each micro-batch's sample count. On one device it
+        changes nothing.
+        """
+        if reduction not in LOSS_REDUCTIONS:
+            raise ValueError(f"reduction={reduction!r} is unknown: use 'mean' (the loss is a mean over `items`) "
+                             "or 'sum' (the loss is a sum)")
+        try:
+            value = float(items)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"items={items!r} is not a number: pass how many items the loss averaged over") from exc
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"items={items!r} is invalid: pass a finite count >= 0 (0 when every label was "
+                             "ignored)")
+        if self._runtime is not None:
+            self._runtime.set_loss_items(value, reduction)
+
+    def raise_flag(self, index: int) -> None:
+        """Raise stop flag ``index`` (0..7) on this rank. After the next optimizer step every rank sees it in
+        :meth:`agreed_flags` (an OR over ranks that rides in the window's metadata: no collective of its own)."""
+        if not isinstance(index, int) or not 0 <= index < 8:
+            raise ValueError(f"flag index={index!r} is invalid: use an integer in 0..7")
+        self._raised_flags |= 1 << index
+
+    def agreed_flags(self) -> int:
+        """The flags raised on any rank before the last optimizer step, as a bit mask (bit i = flag i)."""
+        return self._agreed_flags
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self._scaler is not None:
@@ -144,8 +199,11 @@ class Graph:
         else:
             optimizer.step()
 
-    def apply_optimizer_step(self, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
-        """optimizer.step() with the LR scale applied, zero_grad, then the LR scheduler."""
+    def apply_optimizer_step(self, optimizer: Optional[torch.optim.Optimizer] = None, micro_steps: int = 1) -> None:
+        """optimizer.step() with the LR scale applied, zero_grad, then the LR scheduler advanced by
+        ``micro_steps``: an LR schedule counts micro-steps (batches of ``graph.epoch``), not optimizer steps, so a
+        schedule sized by ``graph.total_steps(epochs)`` ends exactly at its last step whatever El Che's anchor does.
+        """
         optimizer = optimizer or self._require_optimizer()
         if self.lr_scale != 1.0:
             saved = [group["lr"] for group in optimizer.param_groups]
@@ -158,7 +216,8 @@ class Graph:
             self._optimizer_step(optimizer)
         optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
-            self.scheduler.step()
+            for _ in range(max(1, int(micro_steps))):
+                self.scheduler.step()
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The forward-pass precision context of ``DdpConfig.precision`` (a no-op in fp32)."""
@@ -184,6 +243,8 @@ class Graph:
                             "dataset (a list, a torch Dataset, a datasets.Dataset)") from exc
         if n == 0:
             raise ValueError("dataset is empty: give at least one sample to set_data_loader")
+        if self._runtime is None and self.config.max_micro_batch is not None:
+            self.config.el_che_kwargs(self.world_size, batch_size)  # one device: refuses a cap below batch_size
         self._dataset = dataset
         self._batch_size = batch_size
         self._collate = collate_fn
@@ -197,13 +258,98 @@ class Graph:
         self._require_data()
         return steps_per_epoch(len(self._dataset), self.world_size * self._batch_size, self.config.drop_last)
 
+    def total_steps(self, epochs: int) -> int:
+        """Micro-steps in ``epochs`` epochs: the ``num_training_steps`` of an LR schedule (see set_scheduler)."""
+        if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
+            raise ValueError(f"epochs={epochs!r} is invalid: use an integer >= 1")
+        return self.steps_per_epoch() * epochs
+
     def _require_data(self) -> None:
         if self._dataset is None:
             raise RuntimeError("no data: call graph.set_data_loader(dataset, batch_size, collate_fn) before "
                                "graph.epoch(n)")
 
-    def epoch(self, n: int) -> Iterator[Any]:
-        """Yield this rank's micro-batches of epoch ``n``: a seeded, disjoint, complete partition on N ranks."""
+    def plan(self, n: int) -> "EpochPlan":
+        """This rank's index lists for epoch ``n``, as a batch sampler:
+        ``DataLoader(dataset, batch_sampler=graph.plan(n), collate_fn=..., num_workers=2)`` loads and collates
+        ahead of compute in worker processes. Each step's split and metadata are fixed when it is drawn, so any
+        read-ahead depth trains the same model."""
+        self._require_data()
+        return EpochPlan(self, int(n))
+
+    def epoch(self, n: int, prefetch: int = 0) -> Iterator[Any]:
+        """Yield this rank's micro-batches of epoch ``n``: a seeded, disjoint, complete partition on N ranks.
+
+        ``prefetch=k`` collates (tokenises) up to ``k`` batches ahead on a background thread, overlapping input
+        with compute; the result is identical to ``prefetch=0``.
+        """
+        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
+            raise ValueError(f"prefetch={prefetch!r} is invalid: use an integer >= 0 (batches collated ahead)")
+        plan = self.plan(n)
+        if prefetch == 0:
+            return self._collated(iter(plan))
+        return self._prefetched(iter(plan), prefetch)
+
+    def _collate_indices(self, indices: list[int]) -> Any:
+        items = [self._dataset[int(i)] for i in indices]
+        return self._collate(items) if self._collate is not None else items
+
+    def _handed_over(self) -> None:
+        if self._runtime is not None:
+            self._runtime.note_yield()
+
+    def _collated(self, indices_iter: Iterator[list[int]]) -> Iterator[Any]:
+        try:
+            for indices in indices_iter:
+                batch = self._collate_indices(indices)
+                self._handed_over()
+                yield batch
+        finally:
+            close = getattr(indices_iter, "close", None)
+            if close is not None:
+                close()
+
+    def _prefetched(self, indices_iter: Iterator[list[int]], depth: int) -> Iterator[Any]:
+        buffer: queue.Queue = queue.Queue(maxsize=depth)
+        stop = threading.Event()
+
+        def put(item: tuple[str, Any]) -> bool:
+            while not stop.is_set():
+                try:
+                    buffer.put(item, timeout=0.05)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def work() -> None:
+            try:
+                for indices in indices_iter:
+                    if not put(("batch", self._collate_indices(indices))):
+                        return
+                put(("done", None))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the training thread
+                put(("error", exc))
+            finally:
+                indices_iter.close()  # type: ignore[attr-defined]
+
+        thread = threading.Thread(target=work, name="flodl-hf-prefetch", daemon=True)
+        thread.start()
+        try:
+            while True:
+                kind, value = buffer.get()
+                if kind == "done":
+                    return
+                if kind == "error":
+                    raise value
+                self._handed_over()
+                yield value
+        finally:
+            stop.set()
+            thread.join()
+
+    def _plan_indices(self, n: int) -> Iterator[list[int]]:
+        """The index lists of epoch ``n`` (what :class:`EpochPlan` iterates); queues each step's metadata."""
         self._require_data()
         total = len(self._dataset)
         global_batch = self.world_size * self._batch_size
@@ -215,26 +361,44 @@ class Graph:
         start = 0
         if self._resume is not None:
             resume_epoch, done = self._resume
-            if int(n) < resume_epoch:
+            if n < resume_epoch:
                 return  # finished before the checkpoint
-            if int(n) == resume_epoch:
+            if n == resume_epoch:
                 start = done
             self._resume = None
-        perm = epoch_permutation(total, self._seed + int(n))
+        perm = epoch_permutation(total, self._seed + n)
         runtime = self._runtime
         partial_last = total % global_batch != 0 and not self.config.drop_last
-        self._epoch_index, self._done_in_epoch = int(n), start
-        for k in range(start, steps):
-            sizes = runtime.plan_sizes() if runtime is not None else [self._batch_size]
-            indices, padding = rank_slice(perm, k, global_batch, sizes, self.rank)
-            items = [self._dataset[int(i)] for i in indices]
-            batch = self._collate(items) if self._collate is not None else items
-            if runtime is not None:
+        if not self._pending:
+            self._epoch_index, self._done_in_epoch = n, start
+        drawn: list[int] = []
+        finished = False
+        try:
+            for k in range(start, steps):
                 # The epoch's last step closes a window; a partial last step (drop_last=False) is a window of
                 # its own, so every window's micro-batches have one size per rank (exact weighting).
                 window_end = k == steps - 1 or (partial_last and k == steps - 2)
-                runtime.begin_micro_batch(len(indices) - padding, window_end=window_end)
-            yield batch
+                if runtime is not None:
+                    indices, padding = runtime.draw(
+                        lambda sizes, k=k: rank_slice(perm, k, global_batch, sizes, self.rank))
+                else:
+                    indices, padding = rank_slice(perm, k, global_batch, [self._batch_size], 0)
+                self._pending.append((n, k, len(indices) - padding, window_end))
+                drawn.append(k)
+                yield indices
+            finished = True
+        finally:
+            if not finished:
+                self._forget_unstepped(n, set(drawn))
+
+    def _forget_unstepped(self, n: int, drawn: set) -> None:
+        """An iterator abandoned mid-epoch: its drawn steps that were never stepped will never be."""
+        kept = [e for e in self._pending if not (e[0] == n and e[1] in drawn)]
+        dropped = len(self._pending) - len(kept)
+        if dropped:
+            self._pending = deque(kept)
+            if self._runtime is not None:
+                self._runtime.undraw(dropped)
 
     # --- checkpoints --------------------------------------------------------------------------------------
     def position(self) -> tuple[int, int]:
@@ -246,6 +410,9 @@ class Graph:
         epoch, done = int(position[0]), int(position[1])
         self._resume = (epoch, done)
         self._epoch_index, self._done_in_epoch = epoch, done
+        self._pending.clear()
+        if self._runtime is not None:
+            self._runtime.reset_plan()
 
     def save_checkpoint(self, directory: Any, extra: Optional[dict] = None) -> Any:
         """Write a resumable checkpoint (atomically; rank 0 writes). See ``flodl_hf.checkpoint``."""
@@ -264,3 +431,26 @@ class Graph:
         """Tell the other ranks this rank's loop is over (detects uneven step counts); idempotent."""
         if self._runtime is not None:
             self._runtime.close(self)
+
+
+class EpochPlan:
+    """One epoch of one rank's plan as a batch sampler: iterate it for index lists (``len()`` = steps left).
+
+    Made by :meth:`Graph.plan`; hand it to ``torch.utils.data.DataLoader(batch_sampler=...)``.
+    """
+
+    def __init__(self, graph: Graph, epoch: int) -> None:
+        self._graph = graph
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self._graph._plan_indices(self.epoch)
+
+    def __len__(self) -> int:
+        graph = self._graph
+        steps = graph.steps_per_epoch()
+        if graph._resume is not None and graph._resume[0] == self.epoch:
+            return max(0, steps - graph._resume[1])
+        if graph._resume is not None and self.epoch < graph._resume[0]:
+            return 0
+        return steps

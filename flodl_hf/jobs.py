@@ -106,6 +106,10 @@ class TrainSettings:
     """``(slow_rank, ratio)``: DdpConfig.speed_hint, the other ranks are ``ratio`` (>= 1) times faster."""
     overhead_target: float = 0.10
     """DdpConfig.overhead_target: El Che's ceiling of synchronisation / compute time, in [0.01, 0.5]."""
+    fixed_anchor: Optional[int] = None
+    """DdpConfig.fixed_anchor: micro-steps per optimizer step, constant (None: El Che adapts it)."""
+    max_micro_batch: Optional[int] = None
+    """DdpConfig.max_micro_batch: no rank's micro-batch exceeds this many samples (None: no cap)."""
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -151,7 +155,8 @@ class TrainSettings:
     def ddp_config(self) -> DdpConfig:
         """The engine configuration of this job."""
         return DdpConfig(seed=self.seed, devices=self.devices, precision=self.precision, verbose=True,
-                         speed_hint=self.speed_hint, overhead_target=self.overhead_target)
+                         speed_hint=self.speed_hint, overhead_target=self.overhead_target,
+                         fixed_anchor=self.fixed_anchor, max_micro_batch=self.max_micro_batch)
 
 
 # --- resolution of defaults ---------------------------------------------------------------------------------
@@ -254,12 +259,11 @@ def evaluate_head(head: Any, dataset: TextDataset, batch_size: int = 64, progres
 # --- the job ------------------------------------------------------------------------------------------------
 
 class LinearSchedule:
-    """Linear warmup then linear decay to 0, driven by the fraction of the run's micro-batches done.
+    """Linear warmup then linear decay to 0 over the run's micro-steps (batches of ``graph.epoch``).
 
-    Not by optimizer steps: on N ranks an El Che window of ``anchor`` micro-batches ends in one optimizer step and
-    the anchor adapts, so the number of optimizer steps is unknown in advance. The loop calls :meth:`advance` once
-    per micro-batch; ``graph.step()`` calls :meth:`step` after each optimizer step, which sets the LR of the next
-    one. On one device this equals a per-step linear schedule. A checkpoint saves ``done`` and the base LRs.
+    ``graph.step()`` steps an LR scheduler once per micro-step (A times after a window of A micro-batches), so this
+    schedule ends exactly at the run's last micro-batch whatever El Che's anchor does; on one device it is the
+    usual per-step linear schedule. A checkpoint saves ``done`` and the base LRs.
     """
 
     def __init__(self, optimizer: Any, total: int, warmup_ratio: float) -> None:
@@ -268,20 +272,21 @@ class LinearSchedule:
         self.warmup = int(self.total * warmup_ratio)
         self.done = 0
         self.base_lrs = [group["lr"] for group in optimizer.param_groups]
-        self.step()
+        self._apply()
 
     def factor(self) -> float:
         if self.done < self.warmup:
             return (self.done + 1) / (self.warmup + 1)
         return max(0.0, (self.total - self.done) / max(1, self.total - self.warmup))
 
-    def advance(self) -> None:
-        self.done += 1
-
-    def step(self) -> None:
+    def _apply(self) -> None:
         factor = self.factor()
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base * factor
+
+    def step(self) -> None:
+        self.done += 1
+        self._apply()
 
     def state_dict(self) -> dict:
         return {"total": self.total, "warmup": self.warmup, "done": self.done, "base_lrs": list(self.base_lrs)}
@@ -293,7 +298,7 @@ class LinearSchedule:
     def set_base_lr(self, lr: float) -> None:
         """Change the peak LR (on resume with another --lr) and apply it to the next step."""
         self.base_lrs = [float(lr)] * len(self.optimizer.param_groups)
-        self.step()
+        self._apply()
 
 
 def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], None] = print) -> dict:
@@ -366,7 +371,7 @@ def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], No
                           checkpoint_every=settings.checkpoint_every, eval_every=settings.eval_every,
                           patience=settings.early_stopping_patience, lr=settings.lr, progress=settings.progress)
     try:
-        state = run_loop(head, graph, state, options, plan=plan, schedule=schedule, board=board, say=say,
+        state = run_loop(head, graph, state, options, plan=plan, board=board, say=say,
                          evaluate=lambda: evaluate_head(head, eval_ds, settings.eval_batch_size))
         if not main:
             return {"rank": graph.rank}

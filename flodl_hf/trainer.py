@@ -41,6 +41,14 @@ def _module_from(built: Any, what: str) -> torch.nn.Module:
     raise TypeError(f"the {what} must return a torch.nn.Module or a task head, got {type(built).__name__}")
 
 
+def _copy_trainable_flags(source: torch.nn.Module, replica: torch.nn.Module) -> None:
+    """The replica trains exactly what the user left trainable: ``requires_grad`` follows the source by name."""
+    flags = {name: p.requires_grad for name, p in source.named_parameters(remove_duplicate=False)}
+    for name, p in replica.named_parameters(remove_duplicate=False):
+        if name in flags:
+            p.requires_grad_(flags[name])
+
+
 class Trainer:
     """Entry points of flodl-hf training (all static)."""
 
@@ -71,6 +79,7 @@ class Trainer:
         except RuntimeError as exc:
             raise ValueError("the factory built a module whose weights do not match the one being set up "
                              f"(build the same architecture and config): {exc}") from exc
+        _copy_trainable_flags(target.module, replica)
         runtime = None
         if ctx.is_distributed:
             from .distributed.collectives import broadcast_tensors

@@ -13,10 +13,12 @@ It exists to keep ``flodl_hf.jobs`` (settings, data, model, outputs) apart from 
 - **Evaluation** on the held-out split every ``eval_every`` optimizer steps (rank 0), recorded in the history, the
   progress bar and TensorBoard, and **early stopping** after ``patience`` evaluations without a better accuracy.
 
-On N ranks every decision must be the same on every rank (they all checkpoint, stop or go on together), so at each
-optimizer-step boundary the ranks agree on three flags (interrupted, diverged, early stop) with one all-reduce of
-three numbers (MAX). It costs one tiny collective per optimizer step, next to the window's gradient all-reduce;
-on one device nothing is exchanged.
+On N ranks every decision must be the same on every rank (they all checkpoint, stop or go on together): the three
+flags (interrupted, diverged, early stop) are raised with ``graph.raise_flag`` before ``graph.step()`` and read
+with ``graph.agreed_flags()`` after the optimizer step. They ride in the window's metadata, so agreeing costs no
+collective, and a rank that fails between two windows is reported by the next exchange instead of meeting a
+mismatched collective. Rank 0's early-stopping verdict, decided after an evaluation, reaches the others with the
+next optimizer step.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class LoopOptions:
     patience: Optional[int] = None
     lr: float = 5e-5
     progress: bool = True
+    prefetch: int = 2
+    """Batches tokenised ahead on a background thread (``graph.epoch(n, prefetch=...)``)."""
 
 
 @dataclass
@@ -88,16 +92,13 @@ class LoopState:
         return cls(**known)
 
 
-def _agree(graph: Any, flags: list[bool]) -> list[bool]:
-    """The element-wise OR of ``flags`` over every rank (one small all-reduce on N ranks; local otherwise)."""
-    if not getattr(graph, "is_distributed", False):
-        return flags
-    import torch
-    import torch.distributed as dist
+_INTERRUPTED, _DIVERGED, _EARLY = 0, 1, 2
 
-    tensor = torch.tensor([1.0 if f else 0.0 for f in flags], device=graph.device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return [bool(x > 0.5) for x in tensor.tolist()]
+
+def _agreed(graph: Any) -> list[bool]:
+    """The three stop flags as agreed at the last optimizer step (an OR over ranks carried by the window)."""
+    bits = graph.agreed_flags()
+    return [bool(bits >> i & 1) for i in (_INTERRUPTED, _DIVERGED, _EARLY)]
 
 
 def _bar(total: int, initial: int, enabled: bool) -> Any:
@@ -108,7 +109,7 @@ def _bar(total: int, initial: int, enabled: bool) -> Any:
 
 
 def run_loop(head: Any, graph: Any, state: LoopState, options: LoopOptions, *, plan: dict,
-             evaluate: Callable[[], dict], schedule: Any = None, board: Any = None,
+             evaluate: Callable[[], dict], board: Any = None,
              say: Callable[[str], None] = print) -> LoopState:
     """Train ``options.epochs`` epochs (skipping what a loaded checkpoint already did); return the updated state.
 
@@ -136,16 +137,22 @@ def run_loop(head: Any, graph: Any, state: LoopState, options: LoopOptions, *, p
     try:
         with GracefulInterrupt() as interrupt:
             for epoch in range(options.epochs):
-                for enc, labels in graph.epoch(epoch):
+                early_pending = False
+                for enc, labels in graph.epoch(epoch, prefetch=options.prefetch):
                     loss = head.compute_loss(enc, labels)
-                    loss.backward()
-                    if schedule is not None:
-                        schedule.advance()
+                    graph.backward(loss)  # loss.backward(), scaled under fp16 loss scaling
                     before = graph.training_step
-                    graph.step()
                     value = float(loss.detach())
                     if not math.isfinite(value) and bad is None:
                         bad = (before + 1, epoch + 1, value)
+                    # Flags raised now are seen by every rank right after the next optimizer step.
+                    if interrupt.requested:
+                        graph.raise_flag(_INTERRUPTED)
+                    if bad is not None:
+                        graph.raise_flag(_DIVERGED)
+                    if early_pending:
+                        graph.raise_flag(_EARLY)
+                    graph.step()
                     if main:
                         state.losses.append(value)
                         if board is not None:
@@ -156,14 +163,18 @@ def run_loop(head: Any, graph: Any, state: LoopState, options: LoopOptions, *, p
                     if graph.training_step == before:
                         continue  # inside an El Che window: nothing may be decided until it closes
                     step = graph.training_step
-                    early = False
-                    if options.eval_every and step % options.eval_every == 0 and bad is None and main:
-                        early = _evaluate(state, options, step, epoch, evaluate, board, postfix, bar)
-                    stop, diverged, early = _agree(graph, [interrupt.requested, bad is not None, early])
+                    stop, diverged, early = _agreed(graph)
+                    early_pending = False
                     if diverged:
                         graph.close()
                         raise TrainingDiverged(_diverged_message(bad, step, epoch, options, last_saved,
                                                                  state), main)
+                    if options.eval_every and step % options.eval_every == 0 and bad is None and main and not early:
+                        # Rank 0's verdict reaches the other ranks with the next optimizer step (one more step on
+                        # N ranks; on one device it stops at once).
+                        early_pending = _evaluate(state, options, step, epoch, evaluate, board, postfix, bar)
+                        if early_pending and not graph.is_distributed:
+                            early, early_pending = True, False
                     if (options.checkpoint_every and step % options.checkpoint_every == 0) or stop:
                         if not _weights_finite(graph):  # identical replicas: every rank finds the same
                             graph.close()

@@ -310,7 +310,8 @@ class SequenceClassificationHead:
         return output.logits if hasattr(output, "logits") else output[0]
 
     def compute_loss(self, enc: Mapping[str, Any], labels: Any) -> torch.Tensor:
-        """The mean loss over the batch's samples (see ``heads._losses`` for the exact semantics).
+        """The mean loss over the batch's samples (see ``heads._losses`` for the exact semantics). It also tells
+        the graph what it averaged over (``Graph.loss_items``): labelled samples, ``-100`` excluded.
 
         Labels are checked (range, shape, dtype) before the forward pass; a bad label raises ValueError.
         """
@@ -323,7 +324,12 @@ class SequenceClassificationHead:
         kind = _losses.check_labels(
             labels, int(enc["input_ids"].shape[0]), self.num_labels, self.problem_type
         )
-        return _losses.loss_from_logits(kind, self.forward(enc), labels)
+        logits = self.forward(enc)
+        loss = _losses.loss_from_logits(kind, logits, labels)
+        if torch.is_grad_enabled():
+            # Tell the engine what this mean is over, so N ranks weight it exactly (see Graph.loss_items).
+            self._graph.loss_items(_losses.loss_items(kind, labels, logits.shape))
+        return loss
 
     def predict(
         self, texts: Sequence[str], top_k: Optional[int] = None, batch_size: int = 32

@@ -32,6 +32,7 @@ __all__ = [
     "labels_to_tensor",
     "check_labels",
     "loss_from_logits",
+    "loss_items",
 ]
 
 REGRESSION = "regression"
@@ -166,6 +167,22 @@ def check_labels(labels: torch.Tensor, batch: int, num_labels: int, problem_type
         f"[{batch}, {num_labels}] (for multi-hot targets set config.problem_type="
         f"'{MULTI_LABEL}')"
     )
+
+
+def loss_items(kind: str, labels: torch.Tensor, logits_shape: Sequence[int]) -> int:
+    """What the loss of ``kind`` averages over: labelled samples for cross-entropy (``-100`` excluded), samples
+    for soft labels, every (sample, label) or (sample, output) element for BCE and MSE. The engine weights each
+    micro-batch's gradient by it (``Graph.loss_items``), so N ranks train exactly like one device."""
+    if kind == "ce":
+        return int((labels != IGNORE_INDEX).sum())
+    if kind == "soft_ce":
+        return int(labels.shape[0])
+    if kind in ("bce", "mse"):
+        count = 1
+        for dim in logits_shape:
+            count *= int(dim)
+        return count
+    raise ValueError(f"unknown loss kind {kind!r}")
 
 
 def loss_from_logits(kind: str, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

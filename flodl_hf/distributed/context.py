@@ -13,7 +13,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -21,7 +21,8 @@ import torch.distributed as dist
 from ..config import DdpConfig
 from . import launch
 
-__all__ = ["DistContext", "init_context", "shutdown", "current_context", "DistributedError"]
+__all__ = ["DistContext", "init_context", "shutdown", "current_context", "DistributedError", "side_group",
+           "missing_ranks"]
 
 
 class DistributedError(RuntimeError):
@@ -49,6 +50,8 @@ class DistContext:
 
 _CONTEXT: Optional[DistContext] = None
 _LOCK = threading.Lock()
+_SIDE_GROUP: Any = None
+_ALIVE_PREFIX = "flodl_hf/alive/"
 
 
 def current_context() -> Optional[DistContext]:
@@ -63,6 +66,11 @@ def _auto_devices() -> list[str]:
 
 
 def _normalise(device: str, local_rank: int) -> torch.device:
+    if device == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ValueError("device 'mps' requested but Apple MPS is not available here: use 'cpu' or 'cuda'")
+        return torch.device("mps")
     if device == "cuda":
         device = f"cuda:{local_rank}"
     dev = torch.device(device)
@@ -180,7 +188,51 @@ def shutdown() -> None:
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
     _CONTEXT = None
+    global _SIDE_GROUP
+    _SIDE_GROUP = None
     launch.reap_children()
     if failure is not None:
         print(f"flodl-hf: error: {failure}", file=sys.stderr)
         raise failure
+
+
+def side_group() -> Any:
+    """A CPU (gloo) group beside an NCCL default group, created once and collectively (call it on every rank).
+
+    The El Che window metadata travels on it: a vanished peer closes its gloo sockets, so the survivors notice at
+    once and raise ``DistributedError``, where an NCCL collective would block until the watchdog aborts the process.
+    Returns None when the default group is already gloo (nothing to add).
+    """
+    global _SIDE_GROUP
+    if not dist.is_initialized() or dist.get_backend() == "gloo":
+        return None
+    if _SIDE_GROUP is None:
+        timeout = timedelta(seconds=_CONTEXT.timeout_s if _CONTEXT is not None else 300.0)
+        _SIDE_GROUP = dist.new_group(backend="gloo", timeout=timeout)
+    return _SIDE_GROUP
+
+
+def missing_ranks(wait_s: float) -> Optional[list[int]]:
+    """After a collective failed: which ranks are gone? Every survivor announces itself in the rendezvous store
+    and waits up to ``wait_s`` for the others; those that never answer are named. None when it cannot tell."""
+    if not dist.is_initialized():
+        return None
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"{_ALIVE_PREFIX}{rank}", "1")
+    except Exception:  # noqa: BLE001 - the store lives on rank 0: unreachable means rank 0 is gone
+        return [0] if rank != 0 else None
+    import time
+
+    deadline = time.monotonic() + max(0.0, wait_s)
+    pending = [q for q in range(world) if q != rank]
+    while pending:
+        try:
+            pending = [q for q in pending if not store.check([f"{_ALIVE_PREFIX}{q}"])]
+        except Exception:  # noqa: BLE001
+            return [0] if rank != 0 else None
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    return pending

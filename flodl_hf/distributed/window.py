@@ -1,14 +1,25 @@
 """El Che gradient windows: what ``graph.step()`` does on N ranks (setup mode).
 
-Inside a window each rank accumulates gradients over ``anchor`` micro-batches with no communication. At the
-window end rank r contributes ``b_r * (its accumulated gradient)`` (``b_r`` = its mean micro-batch size) to one
-bucketed SUM all-reduce, and every rank divides by the total number of samples: the result is exactly the mean
-gradient over every sample every rank processed, whatever the split. Then: clip the reduced gradient, broadcast
-floating buffers from rank 0, optimizer step (+ LR scheduler), and an identical El Che update on every rank.
+The contract: a setup-mode loop on N ranks applies the same optimizer updates as one process that runs the
+concatenation of each window's micro-batches (rank 0's, then rank 1's, ... of every micro-step of the window).
 
-The window's per-rank timings, sample counts, window index and a status flag travel in a metadata prefix of the
-first gradient bucket, so the all-gather El Che needs costs no extra collective, and ranks that disagree (one
-finished its loop, one failed, one skipped a step) are detected at the next window end instead of hanging.
+Inside a window each rank runs ``anchor`` micro-batches with no communication; after each one ``graph.step()``
+moves ``d * grad`` into the window's buckets, ``d`` being what that micro-batch's loss averaged over (see
+``flodl_hf.distributed.window_grads``). At the window end one SUM all-reduce of the buckets, divided by the global
+``D``, gives the gradient of the loss over every item of the window; then clip, broadcast floating buffers from
+rank 0, one optimizer step, the LR scheduler advanced by the window's micro-steps, and an identical El Che update.
+
+Every exchange starts with the same fixed-shape metadata region (timings, sample counts, loss denominators, window
+index, a status flag, the user's stop flags, the data-plan frontier, per-parameter presence and ``requires_grad``):
+on CPU ranks it is the head of the first gradient bucket, so it costs no collective of its own; beside NCCL it goes
+over a gloo side group, which notices a vanished peer at once. Because a window end, a finished loop and a failed
+rank all send the same shape, ranks that disagree are told why (one failed, one finished early, one skipped a step)
+instead of meeting a collective mismatch or a hang.
+
+The data plan is indexed by step, not by "the last batch drawn": ``draw`` records each step's real sample count and
+window-end flag in a queue that ``graph.step()`` consumes in order, so any read-ahead (``list(...)``, a prefetch
+thread, a DataLoader with workers) keeps every step's metadata. A new El Che split takes effect from the first step
+no rank has drawn yet (the *frontier*, reduced with the metadata), so read-ahead never splits a step two ways.
 Design note: El Che is given the previous window's synchronisation time (the minimum over ranks, i.e. without
 straggler waiting), since this window's is only known after the collective that carries the figures.
 """
@@ -16,19 +27,28 @@ straggler waiting), since this window's is only known after the collective that 
 from __future__ import annotations
 
 import sys
+import threading
 import time
-from typing import Any, Optional
+import warnings
+from typing import Any, Callable, Optional
 
 import torch
+import torch.distributed as dist
 
 from ..config import DdpConfig
 from ..el_che import ElChe
-from .collectives import GradBuckets, broadcast_tensors
-from .context import DistContext, DistributedError
+from .collectives import broadcast_tensors
+from .context import DistContext, DistributedError, missing_ranks, side_group
+from .window_grads import WindowGrads
 
-__all__ = ["WindowRuntime", "close_all", "mark_failed"]
+__all__ = ["WindowRuntime", "close_all", "mark_failed", "REDUCTIONS"]
 
 _STEP, _FINISHED, _FAILED = 0.0, 1.0, 2.0
+_KIND_WINDOW, _KIND_CLOSE = 0.0, 1.0
+REDUCTIONS = ("mean", "sum")
+# Fixed metadata slots, one per rank each.
+(_COMPUTE, _SAMPLES, _SYNC, _INDEX, _FLAG, _KIND, _DENOM, _REDUCTION, _MICRO, _FRONTIER, _USER) = range(11)
+_SLOTS = 11
 # Strong references: a runtime must still be able to tell its peers "failed" after the user's objects are gone.
 _OPEN: list["WindowRuntime"] = []
 _PROCESS_FAILED = False
@@ -69,25 +89,41 @@ class WindowRuntime:
         self.world = ctx.world_size
         self.rank = ctx.rank
         self.device = ctx.device
-        self.buckets = GradBuckets(module.parameters(), ctx.device, bucket_mb=config.bucket_mb,
-                                   meta_len=5 * self.world)
-        self.float_buffers = [b for b in module.buffers() if b.is_floating_point()]
-        self.params = self.buckets.params
-        self.el_che: Optional[ElChe] = None
-        self.batch_size: Optional[int] = None
-        self.speed = 1.0 if config.simulate_speeds is None else float(config.simulate_speeds[self.rank])
         if config.simulate_speeds is not None and len(config.simulate_speeds) != self.world:
             raise ValueError(f"DdpConfig.simulate_speeds has {len(config.simulate_speeds)} entries for "
                              f"{self.world} ranks: give one simulated speed per rank")
+        self.side = side_group()
+        self.params = list(module.parameters())
+        layout = self._agreed_layout()
+        self.grads = WindowGrads(self.params, ctx.device, bucket_mb=config.bucket_mb, meta_fixed=_SLOTS * self.world,
+                                 meta_in_first_bucket=self.side is None, layout=layout)
+        self.float_buffers = [b for b in module.buffers() if b.is_floating_point()]
+        self.el_che: Optional[ElChe] = None
+        self.batch_size: Optional[int] = None
+        self.speed = 1.0 if config.simulate_speeds is None else float(config.simulate_speeds[self.rank])
         self.window_index = 0
         self._closed = False
-        self._reset_window()
-        self._mb_start = time.perf_counter()
-        self._pending_samples: Optional[int] = None
-        self._force_sync = False
+        self._lock = threading.RLock()
+        self._drawn = 0  # steps drawn from the plan so far (all epochs)
+        self._versions: list[tuple[int, list[int]]] = []  # (first draw number, per-rank sizes)
+        self._last_step_end = time.perf_counter()
+        self._last_yield = 0.0
         self._last_sync_ms = 0.0
+        self._user_flags = 0
+        self.agreed_flags = 0
+        self._items: Optional[tuple[float, str]] = None
+        self._reset_window()
         _OPEN.append(self)
         _install_excepthook()
+
+    def _agreed_layout(self) -> list[bool]:
+        """Parameters trainable on some rank at setup (one-off all-reduce, so every rank builds the same buckets)."""
+        flags = torch.tensor([1.0 if p.requires_grad else 0.0 for p in self.params], dtype=torch.float32)
+        if self.side is not None:
+            dist.all_reduce(flags, group=self.side)
+        else:
+            dist.all_reduce(flags)
+        return [f > 0.5 for f in flags.tolist()]
 
     # --- plan -----------------------------------------------------------------------------------------------
     def set_batch_size(self, batch_size: int) -> None:
@@ -101,9 +137,7 @@ class WindowRuntime:
         if cfg.batch_sizes is not None and sum(cfg.batch_sizes) != self.world * batch_size:
             raise ValueError(f"DdpConfig.batch_sizes={list(cfg.batch_sizes)} sums to {sum(cfg.batch_sizes)}, but "
                              f"{self.world} ranks x batch_size {batch_size} = {self.world * batch_size}: make them agree")
-        el_che = ElChe(self.world, mode="setup", batch_size=batch_size, anchor=cfg.anchor,
-                       max_anchor=cfg.max_anchor, overhead_target=cfg.overhead_target,
-                       batch_sizes=list(cfg.batch_sizes) if cfg.batch_sizes is not None else None)
+        el_che = ElChe(self.world, mode="setup", batch_size=batch_size, **cfg.el_che_kwargs(self.world, batch_size))
         if cfg.speed_hint is not None:
             slow, ratio = cfg.speed_hint
             if slow >= self.world:
@@ -111,12 +145,42 @@ class WindowRuntime:
             el_che.speed_hint(slow, ratio)
         if cfg.freeze_plan or cfg.batch_sizes is not None:
             el_che.freeze()
-        self.el_che, self.batch_size = el_che, batch_size
+        with self._lock:
+            self.el_che, self.batch_size = el_che, batch_size
+            self._versions = [(self._drawn, list(el_che.batch_sizes()))]
 
-    def plan_sizes(self) -> list[int]:
-        if self.el_che is None:
+    def reset_plan(self) -> None:
+        """Start the plan afresh from El Che's current split (after a checkpoint restored El Che)."""
+        with self._lock:
+            if self.el_che is not None:
+                self._versions = [(self._drawn, list(self.el_che.batch_sizes()))]
+
+    def _sizes_at(self, g: int) -> list[int]:
+        if not self._versions:
             raise RuntimeError("no batch size known: call graph.set_data_loader(...) before graph.epoch(n)")
-        return list(self.el_che.batch_sizes())
+        sizes = self._versions[0][1]
+        for start, version in self._versions:
+            if start <= g:
+                sizes = version
+        return sizes
+
+    def draw(self, slicer: Callable[[list[int]], tuple[list[int], int]]) -> tuple[list[int], int]:
+        """Take the next step of the plan: ``slicer(sizes)`` gives (indices, padding) with the split in force for
+        that step. Safe to call from a prefetch thread."""
+        with self._lock:
+            out = slicer(self._sizes_at(self._drawn))
+            self._drawn += 1
+            return out
+
+    def undraw(self, count: int) -> None:
+        """``count`` drawn steps will never be stepped (an abandoned iterator): the next draw reuses their numbers,
+        as the other ranks' do."""
+        with self._lock:
+            self._drawn = max(0, self._drawn - int(count))
+
+    def note_yield(self) -> None:
+        """The user's loop received a batch now: time before this was spent waiting for input, not computing."""
+        self._last_yield = time.perf_counter()
 
     def _anchor(self) -> int:
         if self.el_che is not None:
@@ -131,62 +195,95 @@ class WindowRuntime:
     def _reset_window(self) -> None:
         self._micro_batches = 0
         self._samples = 0
-        self._samples_known = True
+        self._denominator = 0.0
+        self._reduction: Optional[str] = None
         self._compute_s = 0.0
         self._window_anchor: Optional[int] = None
+        self.grads.reset()
 
-    def begin_micro_batch(self, samples: int, window_end: bool) -> None:
-        """Called by ``graph.epoch`` before yielding a micro-batch: its real sample count, and whether its
-        ``step()`` must close the window early (end of epoch, or just before a partial final step)."""
-        self._mb_start = time.perf_counter()
-        self._pending_samples = int(samples)
-        self._force_sync = bool(window_end)
+    def set_loss_items(self, items: float, reduction: str) -> None:
+        self._items = (float(items), reduction)
 
-    def micro_batch_done(self, graph: Any) -> bool:
-        """Account for one finished micro-batch; close the window when full. True when an optimizer step ran."""
+    def set_user_flags(self, bits: int) -> None:
+        self._user_flags |= int(bits)
+
+    def micro_batch_done(self, graph: Any, planned: Optional[tuple[int, bool]]) -> bool:
+        """Account for one finished micro-batch; close the window when full. True when an optimizer step ran.
+
+        ``planned``: (real samples, window end) of the plan step this micro-batch came from, None when the batch
+        did not come from the graph's plan (then it weighs 1 and never forces a window end)."""
         if self._closed:
             raise DistributedError("graph.step() after graph.close(): this rank already told the others it finished")
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        elapsed = time.perf_counter() - self._mb_start
+        now = time.perf_counter()
+        elapsed = now - max(self._last_step_end, self._last_yield)
         if self.speed < 1.0:  # SIMULATION: wait as a slower device would
             time.sleep(elapsed * (1.0 / self.speed - 1.0))
             elapsed /= self.speed
         if self._window_anchor is None:
             self._window_anchor = self._anchor()
-        self._compute_s += elapsed
+        self._compute_s += max(0.0, elapsed)
         self._micro_batches += 1
-        if self._pending_samples is None:
-            self._samples_known = False
-            self._samples += 1
+        samples = planned[0] if planned is not None else None
+        items, self._items = self._items, None
+        reduction = items[1] if items is not None else "mean"
+        if self._reduction is None:
+            self._reduction = reduction
+        elif self._reduction != reduction:
+            raise ValueError(f"graph.loss_items(reduction={reduction!r}) after reduction={self._reduction!r} in the "
+                             "same El Che window: use one loss reduction for the whole run")
+        if samples == 0:  # a padding micro-batch (drop_last=False): it carries no weight at all
+            self.grads.accumulate(0.0, counts=False)
         else:
-            self._samples += self._pending_samples
-        self._pending_samples = None
-        force, self._force_sync = self._force_sync, False
+            if reduction == "sum":
+                weight = 1.0
+            elif items is not None:
+                weight = items[0]
+            else:
+                weight = float(samples) if samples is not None else 1.0
+            self._denominator += weight
+            self.grads.accumulate(weight)
+        self._samples += samples if samples is not None else 1
+        force = planned[1] if planned is not None else False
         if self._micro_batches < self._window_anchor and not force:
-            self._mb_start = time.perf_counter()
+            self._last_step_end = time.perf_counter()
             return False
         self._close_window(graph)
-        self._mb_start = time.perf_counter()
+        self._last_step_end = time.perf_counter()
         return True
 
     # --- window end ---------------------------------------------------------------------------------------
-    def _exchange_meta(self, flag: float, work: float) -> torch.Tensor:
+    def _fixed_meta(self, flag: float, kind: float) -> torch.Tensor:
         w, r = self.world, self.rank
-        meta = torch.zeros(5 * w, dtype=torch.float32)
-        meta[0 * w + r] = self._compute_s * 1000.0
-        meta[1 * w + r] = work
-        meta[2 * w + r] = self._last_sync_ms
-        meta[3 * w + r] = float(self.window_index)
-        meta[4 * w + r] = flag
-        self.buckets.meta.copy_(meta.to(self.device))
+        meta = torch.zeros(_SLOTS * w, dtype=torch.float32)
+        meta[_COMPUTE * w + r] = self._compute_s * 1000.0
+        meta[_SAMPLES * w + r] = float(self._samples)
+        meta[_SYNC * w + r] = self._last_sync_ms
+        meta[_INDEX * w + r] = float(self.window_index)
+        meta[_FLAG * w + r] = flag
+        meta[_KIND * w + r] = kind
+        meta[_DENOM * w + r] = float(self._denominator)
+        meta[_REDUCTION * w + r] = 1.0 if self._reduction == "sum" else 0.0
+        meta[_MICRO * w + r] = float(self._micro_batches)
+        meta[_FRONTIER * w + r] = float(self._drawn)
+        meta[_USER * w + r] = float(self._user_flags)
+        return meta
+
+    def _lost(self, what: str, exc: BaseException) -> DistributedError:
+        self._abandon()
+        gone = missing_ranks(min(5.0, self.ctx.timeout_s / 4))
+        who = (f"rank(s) {gone} vanished" if gone else "another rank probably failed; see its error")
+        return DistributedError(f"rank {self.rank}: lost contact with the other ranks {what} at window "
+                                f"{self.window_index} ({who}): {exc}")
+
+    def _exchange(self, flag: float, kind: float) -> tuple[torch.Tensor, list[float], list[float]]:
+        self.grads.write_meta(self._fixed_meta(flag, kind))
         try:
-            self.buckets.all_reduce(first_only=True)
+            dist.all_reduce(self.grads.first_collective(), op=dist.ReduceOp.SUM, group=self.side)
         except Exception as exc:
-            self._abandon()
-            raise DistributedError(f"rank {r}: lost contact with the other ranks at window {self.window_index} "
-                                   f"(another rank probably failed; see its error): {exc}") from exc
-        return self.buckets.meta.detach().to("cpu", torch.float64)
+            raise self._lost("exchanging the window's figures", exc) from exc
+        return self.grads.read_meta()
 
     def _abandon(self) -> None:
         """After a detected disagreement or lost peer no further collective may be attempted by this runtime."""
@@ -194,22 +291,25 @@ class WindowRuntime:
         if self in _OPEN:
             _OPEN.remove(self)
 
-    def _check_flags(self, m: torch.Tensor, own_flag: float) -> bool:
+    def _check(self, m: torch.Tensor, own_flag: float) -> bool:
         """Raise if ranks disagree; True when every rank is finishing."""
         try:
-            return self._flags_agree(m, own_flag)
+            return self._agree(m, own_flag)
         except DistributedError:
             self._abandon()
             raise
 
-    def _flags_agree(self, m: torch.Tensor, own_flag: float) -> bool:
+    def _slot(self, m: torch.Tensor, slot: int) -> list[float]:
         w = self.world
-        flags = [int(x) for x in m[4 * w: 5 * w].tolist()]
-        if all(f == _FINISHED for f in flags) and own_flag == _FINISHED:
-            return True
+        return m[slot * w:(slot + 1) * w].tolist()
+
+    def _agree(self, m: torch.Tensor, own_flag: float) -> bool:
+        flags = [int(x) for x in self._slot(m, _FLAG)]
         failed = [q for q, f in enumerate(flags) if f == _FAILED]
         if failed:
             raise DistributedError(f"rank {failed[0]} failed (see its error above); rank {self.rank} stops too")
+        if all(f == _FINISHED for f in flags) and own_flag == _FINISHED:
+            return True
         finished = [q for q, f in enumerate(flags) if f == _FINISHED]
         if finished:
             running = [q for q, f in enumerate(flags) if f == _STEP]
@@ -217,59 +317,100 @@ class WindowRuntime:
                 f"ranks ran different numbers of steps: rank(s) {finished} finished their loop while rank(s) "
                 f"{running} still called graph.step() (window {self.window_index}); give every rank the same number "
                 "of graph.step() calls (graph.epoch(n) does this for you)")
-        indices = [int(x) for x in m[3 * w: 4 * w].tolist()]
+        indices = [int(x) for x in self._slot(m, _INDEX)]
         if len(set(indices)) != 1:
             raise DistributedError(f"ranks are out of step: window indices {indices}; every rank must call "
                                    "graph.step() the same number of times")
+        reductions = {int(x) for x in self._slot(m, _REDUCTION)}
+        if len(reductions) != 1:
+            raise DistributedError("ranks declared different loss reductions in one window (graph.loss_items with "
+                                   "reduction='sum' on some ranks, 'mean' on others): use the same loss everywhere")
         return False
 
     def _close_window(self, graph: Any) -> None:
-        w = self.world
-        weight = (self._samples / self._micro_batches) if self._samples_known else 1.0
-        t0 = time.perf_counter()
-        self.buckets.pack(weight)
-        m = self._exchange_meta(_STEP, float(self._samples))
-        self._check_flags(m, _STEP)
-        try:
-            self.buckets.all_reduce(skip_first=True)
-            total = float(m[w: 2 * w].sum())
-            self.buckets.unpack(total)
-            if self.float_buffers:
-                broadcast_tensors(self.float_buffers, src=0)
-        except Exception as exc:
-            self._abandon()
-            raise DistributedError(f"rank {self.rank}: gradient all-reduce failed at window {self.window_index} "
-                                   f"(another rank probably failed): {exc}") from exc
-        if self.config.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        sync_ms = (time.perf_counter() - t0) * 1000.0
-        graph.apply_optimizer_step()
-        if self.el_che is not None:
-            walls = m[0:w].tolist()
-            work = m[w: 2 * w].tolist()
-            previous_sync = min(m[2 * w: 3 * w].tolist())
-            self.el_che.report(walls, work, previous_sync)
-        self._last_sync_ms = sync_ms
-        self.window_index += 1
-        self._reset_window()
+        # The lock keeps a prefetch thread from drawing between the frontier exchange and the new plan's install.
+        with self._lock:
+            t0 = time.perf_counter()
+            m, presence, trainable = self._exchange(_STEP, _KIND_WINDOW)
+            self._check(m, _STEP)
+            try:
+                self.grads.all_reduce_rest()
+                extra = [i for i in range(self.grads.n) if presence[i] > 0.5 and i not in self.grads.where]
+                side = self.grads.reduce_side(extra) if extra else {}
+                if self._reduction == "sum":
+                    divisor = 1.0
+                else:
+                    total = float(sum(self._slot(m, _DENOM)))
+                    divisor = total if total > 0 else 1.0
+                self.grads.unpack(divisor, presence, side)
+                if self.float_buffers:
+                    broadcast_tensors(self.float_buffers, src=0)
+            except Exception as exc:
+                raise self._lost("in the gradient all-reduce", exc) from exc
+            layout = [c > 0.5 for c in trainable]
+            if layout != self.grads.mask:
+                self.grads.build(layout)  # identical on every rank: it comes from the reduced flags
+            user = 0
+            for bits in self._slot(m, _USER):
+                user |= int(bits)
+            self.agreed_flags, self._user_flags = user, 0
+            if self.config.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_([p for p in self.params if p.grad is not None],
+                                               self.config.max_grad_norm)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            sync_ms = (time.perf_counter() - t0) * 1000.0
+            micro = int(self._micro_batches)
+            graph.apply_optimizer_step(micro_steps=micro)
+            if self.el_che is not None:
+                self._report(m, micro)
+            self._last_sync_ms = sync_ms
+            self.window_index += 1
+            self._reset_window()
+
+    def _report(self, m: torch.Tensor, micro: int) -> None:
+        """Feed El Che the window's figures; install its next split from the first step no rank has drawn."""
+        el_che = self.el_che
+        anchor_before = el_che.anchor
+        el_che.report(self._slot(m, _COMPUTE), self._slot(m, _SAMPLES), min(self._slot(m, _SYNC)),
+                      micro_batches=micro)
+        frontiers = [int(f) for f in self._slot(m, _FRONTIER)]
+        start, oldest = max(frontiers), min(frontiers)
+        sizes = list(el_che.batch_sizes())
+        if sizes != self._versions[-1][1]:
+            keep = [v for v in self._versions if v[0] < start]
+            first_needed = max((i for i, v in enumerate(keep) if v[0] <= oldest), default=0)
+            self._versions = keep[first_needed:] + [(start, sizes)]
+        if el_che.anchor != anchor_before and self.config.verbose and self.rank == 0:
+            a = el_che.anchor
+            print(f"flodl-hf: El Che anchor {anchor_before} -> {a}: each optimizer step now averages {a} "
+                  f"micro-step(s) x {self.world} rank(s) x batch {self.batch_size} = "
+                  f"{a * self.world * (self.batch_size or 0)} samples (keep it constant with "
+                  "DdpConfig(fixed_anchor=N))", file=sys.stderr)
 
     def close(self, graph: Any) -> None:
         """Tell the other ranks this rank is done (or failed); raise if they are not all done too. Idempotent."""
         if self._closed:
             return
+        flag = _FAILED if _PROCESS_FAILED else _FINISHED
+        pending = self._micro_batches
+        if pending and flag == _FINISHED:
+            message = (f"graph.close() on rank {self.rank} discards an unfinished El Che window: {pending} "
+                       f"micro-batch(es), {self._samples} sample(s) whose gradients were never applied (the loop "
+                       "stopped between two window ends; stop right after a graph.step() that changed "
+                       "graph.training_step to keep every sample's update)")
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
         self._closed = True
         if self in _OPEN:
             _OPEN.remove(self)
-        flag = _FAILED if _PROCESS_FAILED else _FINISHED
         self._reset_window()
         try:
-            m = self._exchange_meta(flag, 0.0)
+            m, _, _ = self._exchange(flag, _KIND_CLOSE)
         except DistributedError:
             if flag == _FAILED:
                 return  # the peers already know; nothing to add
             raise
         if flag == _FAILED:
             return
-        self._check_flags(m, flag)
+        self._check(m, flag)
+

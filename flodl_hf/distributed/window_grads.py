@@ -1,0 +1,170 @@
+"""WindowGrads: one rank's weighted gradient accumulation over an El Che window, with a trainable set that moves.
+
+It exists because a window's update must equal one process's update on the concatenation of the window's
+micro-batches, whatever the user's loop does:
+
+- **Loss denominators.** Each micro-batch's loss is a mean over its own ``d_i`` items (samples, or tokens whose
+  label is not -100, or a sum of sample weights). Its gradient is added here as ``d_i * grad`` the moment the
+  micro-batch ends, and the window divides the all-reduced sum by the global ``D = sum d_i``: exactly the gradient
+  of ``sum(losses over every item) / D``, the way transformers' ``num_items_in_batch`` fixes gradient accumulation.
+  A summed loss (``reduction="sum"``) is added with weight 1 and divided by 1.
+- **Which parameters get a gradient.** ``p.grad`` is moved out after every micro-batch (as one device's
+  ``zero_grad(set_to_none=True)`` would), and a per-parameter *presence* flag records that some micro-batch gave
+  ``p`` a gradient. After the window a parameter no rank gave a gradient keeps ``grad is None``, so Adam-type
+  optimizers and weight decay leave it alone exactly as on one device.
+- **Freezing and unfreezing at any step.** Buckets hold the parameters that are trainable on some rank (the
+  *layout*). The layout is recomputed at every window end from the reduced ``requires_grad`` flags, identically on
+  every rank. A parameter unfrozen in the middle of a window accumulates in a side buffer and is reduced by one extra
+  collective in that window only.
+
+The presence and ``requires_grad`` flags travel in the window's metadata region (see ``flodl_hf.distributed.window``),
+so tracking the trainable set costs no collective of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["WindowGrads"]
+
+
+class WindowGrads:
+    """Flat float32 buckets for the layout's gradients, plus presence bookkeeping for every parameter."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], device: torch.device, *, bucket_mb: float,
+                 meta_fixed: int, meta_in_first_bucket: bool, layout: Sequence[bool]) -> None:
+        self.params = list(params)
+        self.n = len(self.params)
+        self.device = device
+        self.limit = max(1, int(bucket_mb * 1024 * 1024 / 4))
+        self.meta_fixed = int(meta_fixed)
+        self.meta_len = self.meta_fixed + 2 * self.n  # fixed slots, presence[n], requires_grad[n]
+        self.meta_in_first_bucket = bool(meta_in_first_bucket)
+        self._meta_cpu = None if self.meta_in_first_bucket else torch.zeros(self.meta_len, dtype=torch.float32)
+        self.presence = [False] * self.n
+        self.side: dict[int, torch.Tensor] = {}  # accumulators of parameters outside the layout
+        self.build(layout)
+
+    # --- layout -----------------------------------------------------------------------------------------------
+    def build(self, layout: Sequence[bool]) -> None:
+        """Allocate buckets for the parameters flagged in ``layout`` (same order on every rank)."""
+        self.mask = [bool(x) for x in layout]
+        self.where: dict[int, tuple[int, int, int]] = {}  # param index -> (bucket, start, numel)
+        sizes: list[int] = []
+        used = self.meta_len if self.meta_in_first_bucket else 0
+        bucket_has_params = False
+        for i, p in enumerate(self.params):
+            if not self.mask[i]:
+                continue
+            n = p.numel()
+            if bucket_has_params and used + n > self.limit:
+                sizes.append(used)
+                used, bucket_has_params = 0, False
+            self.where[i] = (len(sizes), used, n)
+            used += n
+            bucket_has_params = True
+        if used > 0 or not sizes:
+            sizes.append(used)
+        self.buffers = [torch.zeros(max(1, s), dtype=torch.float32, device=self.device) for s in sizes]
+
+    # --- metadata ---------------------------------------------------------------------------------------------
+    @property
+    def meta(self) -> torch.Tensor:
+        return self.buffers[0][: self.meta_len] if self.meta_in_first_bucket else self._meta_cpu
+
+    def first_collective(self) -> torch.Tensor:
+        """What every exchange all-reduces first: the whole first bucket (metadata + gradients) on CPU ranks, the
+        metadata alone beside NCCL. Its shape is the same for a window end, a finished loop and a failed rank."""
+        return self.buffers[0] if self.meta_in_first_bucket else self._meta_cpu
+
+    def write_meta(self, fixed: torch.Tensor) -> None:
+        """Fill the metadata region: the fixed per-rank slots, then presence and requires_grad flags."""
+        flags = torch.zeros(2 * self.n, dtype=torch.float32)
+        for i, p in enumerate(self.params):
+            if self.presence[i]:
+                flags[i] = 1.0
+            if p.requires_grad:
+                flags[self.n + i] = 1.0
+        self.meta.copy_(torch.cat([fixed.to(torch.float32), flags]).to(self.meta.device))
+
+    def read_meta(self) -> tuple[torch.Tensor, list[float], list[float]]:
+        """(fixed slots as float64 on CPU, presence counts, requires_grad counts) after the all-reduce."""
+        m = self.meta.detach().to("cpu", torch.float64)
+        fixed = m[: self.meta_fixed]
+        presence = m[self.meta_fixed: self.meta_fixed + self.n].tolist()
+        trainable = m[self.meta_fixed + self.n:].tolist()
+        return fixed, presence, trainable
+
+    # --- per micro-batch --------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        for buf in self.buffers:
+            buf.zero_()
+        self.presence = [False] * self.n
+        self.side.clear()
+
+    def accumulate(self, weight: float, counts: bool = True) -> None:
+        """Add ``weight * p.grad`` of every parameter that has a gradient, then clear ``p.grad``.
+
+        ``counts=False`` (a padding micro-batch) drops the gradients without marking them present.
+        """
+        for i, p in enumerate(self.params):
+            grad = p.grad
+            if grad is None:
+                continue
+            p.grad = None
+            if not counts:
+                continue
+            self.presence[i] = True
+            flat = grad.detach().reshape(-1)
+            if i in self.where:
+                b, start, n = self.where[i]
+                view = self.buffers[b][start: start + n]
+            else:
+                view = self.side.get(i)
+                if view is None:
+                    view = torch.zeros(p.numel(), dtype=torch.float32, device=self.device)
+                    self.side[i] = view
+            if weight == 1.0:
+                view.add_(flat)
+            elif weight != 0.0:
+                view.add_(flat, alpha=float(weight))
+
+    # --- window end -------------------------------------------------------------------------------------------
+    def all_reduce_rest(self, group: Optional[dist.ProcessGroup] = None) -> None:
+        """SUM all-reduce of every gradient bucket not already reduced with the metadata (launched, then awaited)."""
+        chosen = self.buffers[1:] if self.meta_in_first_bucket else self.buffers
+        works = [dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True, group=group) for buf in chosen]
+        for work in works:
+            work.wait()
+
+    def reduce_side(self, extra: Sequence[int]) -> dict[int, torch.Tensor]:
+        """The one extra collective of a window in which parameters outside the layout got gradients."""
+        parts = [self.side[i] if i in self.side else torch.zeros(self.params[i].numel(), dtype=torch.float32,
+                                                                     device=self.device) for i in extra]
+        flat = torch.cat(parts)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        out, offset = {}, 0
+        for i in extra:
+            n = self.params[i].numel()
+            out[i] = flat[offset: offset + n]
+            offset += n
+        return out
+
+    def unpack(self, divisor: float, presence: Sequence[float], side: dict[int, torch.Tensor]) -> None:
+        """Set ``p.grad = reduced / divisor`` where some rank gave ``p`` a gradient, ``None`` elsewhere."""
+        inv = 1.0 / divisor
+        for i, p in enumerate(self.params):
+            if presence[i] < 0.5:
+                p.grad = None
+                continue
+            if i in self.where:
+                b, start, n = self.where[i]
+                flat = self.buffers[b][start: start + n]
+            else:
+                flat = side[i]
+            value = flat.view(p.shape)
+            grad = value * inv if inv != 1.0 else value.clone()
+            p.grad = grad.to(p.dtype)

@@ -1,0 +1,321 @@
+"""The seeded, randomized differential harness of setup mode (issue: "setup mode is exact for every real loop").
+
+Each case is a random real fine-tuning loop -- world size 1-4, a random split that changes mid-run, anchors 1-8,
+freeze and unfreeze events (also before setup), masked labels, mean / weighted / token-level / summed losses,
+SGD / momentum / AdamW, gradient clipping, a transformers warmup-and-decay schedule, drop_last both ways, read-ahead
+depth 0-3 (manual look-ahead or the prefetch thread) -- run on real gloo ranks through ``Trainer.setup_with``.
+Every rank records which samples each of its micro-steps took and where the optimizer stepped; the reference then
+replays the same samples in ONE process with plain PyTorch: per window, the loss over the concatenation of the
+window's micro-batches divided by its own item count, one optimizer step, the scheduler advanced by the window's
+micro-steps. Final parameters and the LR of every optimizer step must match (rtol 1e-5, fp32).
+
+Cases share spawned process groups (one per world size), so hundreds fit in the suite's time budget.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+VOCAB, HIDDEN, CLASSES, SEQ = 11, 6, 3, 5
+GROUPS = ("emb", "mix", "tok", "cls")
+LOSSES = ("samples", "masked", "weighted", "token", "sum")
+OPTIMIZERS = ("sgd", "momentum", "adamw")
+CLASS_WEIGHTS = torch.tensor([0.5, 1.0, 2.0])
+
+
+class TokenNet(torch.nn.Module):
+    """Embedding -> mixing layer -> a token-level head and a sample-level head: losses of both kinds, and a head
+    that gets no gradient from the other kind of loss (its ``grad`` must stay None)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, HIDDEN)
+        self.mix = torch.nn.Linear(HIDDEN, HIDDEN)
+        self.tok = torch.nn.Linear(HIDDEN, CLASSES)
+        self.cls = torch.nn.Linear(HIDDEN, CLASSES)
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(self.mix(self.emb(ids)))
+        return self.tok(h), self.cls(h.mean(1))
+
+
+def make_case(seed: int, world: Optional[int] = None) -> dict:
+    """One random loop, as plain data (it travels to the ranks)."""
+    rng = random.Random(seed)
+    world = world or rng.randint(1, 4)
+    batch = rng.randint(1, 5)
+    global_batch = world * batch
+    drop_last = rng.random() < 0.5
+    steps = rng.randint(2, 9)
+    n = steps * global_batch + (rng.randint(1, global_batch - 1) if global_batch > 1 and rng.random() < 0.7 else 0)
+    epochs = rng.choice((1, 1, 2))
+    total_steps = (n // global_batch if drop_last else -(-n // global_batch)) * epochs
+
+    def split() -> list[int]:
+        cuts = sorted(rng.sample(range(1, global_batch), world - 1)) if world > 1 else []
+        edges = [0] + cuts + [global_batch]
+        return [edges[i + 1] - edges[i] for i in range(world)]
+
+    adaptive = world > 1 and rng.random() < 0.25  # El Che's own timing decisions, not only scripted ones
+    events: list[tuple[int, str, Any]] = []
+    for _ in range(rng.randint(0, 4)):
+        events.append((rng.randrange(total_steps), "freeze", (rng.choice(GROUPS), rng.random() < 0.5)))
+    if world > 1:
+        for _ in range(rng.randint(1, 4)):
+            events.append((rng.randrange(total_steps), "anchor", rng.randint(1, 8)))
+        for _ in range(rng.randint(0 if adaptive else 1, 3)):
+            events.append((rng.randrange(total_steps), "split", split()))
+    events.sort(key=lambda e: e[0])
+    loss = rng.choice(LOSSES)
+    return {
+        "seed": seed, "world": world, "batch": batch, "n": n, "epochs": epochs, "drop_last": drop_last,
+        "sizes": split(), "anchor": rng.randint(1, 8), "adaptive": adaptive,
+        "frozen_at_setup": [g for g in GROUPS if rng.random() < 0.15],
+        "events": events, "loss": loss,
+        "mask": 0.0 if loss == "samples" else rng.choice((0.0, 0.3, 0.7, 1.0)),
+        "optimizer": rng.choice(OPTIMIZERS), "lr": rng.choice((0.05, 0.2)),
+        "clip": rng.choice((None, None, 0.3)),
+        "schedule": rng.choice((None, "linear", "cosine")),
+        "readahead": rng.randint(0, 3), "prefetch_thread": rng.random() < 0.3,
+        "data_seed": rng.randrange(1 << 30),
+    }
+
+
+def make_data(case: dict) -> list[tuple[int, torch.Tensor, torch.Tensor, int]]:
+    """(index, token ids, token labels, sample label) rows; masked labels are -100."""
+    g = torch.Generator().manual_seed(case["data_seed"])
+    ids = torch.randint(0, VOCAB, (case["n"], SEQ), generator=g)
+    tok = (ids % CLASSES).clone()
+    cls = (ids.sum(1) % CLASSES).clone()
+    tok[torch.rand(case["n"], SEQ, generator=g) < case["mask"]] = -100
+    cls[torch.rand(case["n"], generator=g) < case["mask"]] = -100
+    return [(i, ids[i], tok[i], int(cls[i])) for i in range(case["n"])]
+
+
+def collate(items: list) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
+    return ([int(i) for i, *_ in items], torch.stack([r[1] for r in items]), torch.stack([r[2] for r in items]),
+            torch.tensor([r[3] for r in items]))
+
+
+def loss_sum_and_items(case: dict, model: torch.nn.Module, ids: torch.Tensor, tok: torch.Tensor,
+                       cls: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The un-normalised loss of a micro-batch and the number of items its mean is over."""
+    tok_logits, cls_logits = model(ids)
+    kind = case["loss"]
+    if kind in ("samples", "masked"):
+        return F.cross_entropy(cls_logits, cls, ignore_index=-100, reduction="sum"), float((cls != -100).sum())
+    if kind == "weighted":
+        keep = cls != -100
+        per = F.cross_entropy(cls_logits, cls.clamp(min=0), reduction="none")
+        w = CLASS_WEIGHTS[cls.clamp(min=0)] * keep
+        return (per * w).sum(), float(w.sum())
+    flat_logits, flat = tok_logits.reshape(-1, CLASSES), tok.reshape(-1)
+    return F.cross_entropy(flat_logits, flat, ignore_index=-100, reduction="sum"), float((flat != -100).sum())
+
+
+def make_optimizer(case: dict, params: Any) -> torch.optim.Optimizer:
+    kind, lr = case["optimizer"], case["lr"]
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if kind == "momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    return torch.optim.AdamW(params, lr=lr * 0.1, weight_decay=0.05)
+
+
+def make_schedule(case: dict, optimizer: torch.optim.Optimizer, total: int) -> Any:
+    from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
+
+    if case["schedule"] is None:
+        return None
+    warmup = max(1, total // 5)
+    maker = get_linear_schedule_with_warmup if case["schedule"] == "linear" else get_cosine_schedule_with_warmup
+    return maker(optimizer, warmup, total)
+
+
+def set_group(model: TokenNet, group: str, trainable: bool) -> None:
+    getattr(model, group).requires_grad_(trainable)
+
+
+def build(case: dict, seed_offset: int = 0) -> TokenNet:
+    torch.manual_seed(case["seed"] * 7 + seed_offset)
+    model = TokenNet()
+    for group in case["frozen_at_setup"]:
+        set_group(model, group, False)
+    return model
+
+
+# --- the rank side ---------------------------------------------------------------------------------------------
+def run_case_on_rank(rank: int, world: int, case: dict) -> dict:
+    from flodl_hf import DdpConfig, Graph, Trainer
+
+    graph = Graph(build(case, seed_offset=rank))  # rank 0's weights must win (setup broadcasts them)
+    cfg = DdpConfig(verbose=False, timeout_s=60, seed=case["seed"], drop_last=case["drop_last"],
+                    max_grad_norm=case["clip"], anchor=case["anchor"] if world > 1 else None,
+                    batch_sizes=None if case["adaptive"] or world == 1 else case["sizes"],
+                    freeze_plan=not case["adaptive"])
+    Trainer.setup_with(graph, lambda dev: TokenNet(), lambda ps: make_optimizer(case, ps), cfg)
+    graph.set_data_loader(make_data(case), batch_size=case["batch"], collate_fn=collate)
+    total = graph.total_steps(case["epochs"])
+    schedule = make_schedule(case, graph.optimizer, total)
+    if schedule is not None:
+        graph.set_scheduler(schedule)
+    lrs: list[float] = []
+    graph.optimizer.register_step_pre_hook(lambda opt, args, kwargs: lrs.append(opt.param_groups[0]["lr"]))
+    events = deque(case["events"])
+    micro: list[tuple[list[int], int, bool]] = []  # per micro-step: indices, real samples, stepped
+    step = 0
+    for epoch in range(case["epochs"]):
+        depth = case["readahead"]
+        if case["prefetch_thread"] and depth > 0:
+            source = iter(graph.epoch(epoch, prefetch=depth))
+            depth = 0
+        else:
+            source = iter(graph.epoch(epoch))
+        ahead: deque = deque()
+        while True:
+            while len(ahead) < depth + 1:
+                try:
+                    ahead.append(next(source))
+                except StopIteration:
+                    break
+            if not ahead:
+                break
+            index, ids, tok, cls = ahead.popleft()
+            while events and events[0][0] <= step:
+                _, what, arg = events.popleft()
+                if what == "freeze":
+                    set_group(graph.module, *arg)
+                elif what == "anchor" and graph.el_che() is not None:
+                    graph.el_che().set_anchor(arg)
+                elif what == "split" and graph.el_che() is not None:
+                    graph.el_che().set_batch_sizes(arg)
+            real = graph._pending[0][2]  # whitebox: padding is checked independently by the coverage assertion
+            loss, items = loss_sum_and_items(case, graph.module, ids, tok, cls)
+            if case["loss"] == "sum":
+                graph.loss_items(items, reduction="sum")
+            else:
+                if case["loss"] != "samples":
+                    graph.loss_items(items)
+                loss = loss / items if items > 0 else loss * 0.0
+            if loss.requires_grad:  # everything on its path frozen: step() without backward(), as on one device
+                loss.backward()
+            before = graph.training_step
+            graph.step()
+            micro.append((index, real, graph.training_step != before))
+            step += 1
+    graph.close()
+    params = {name: p.detach().clone() for name, p in graph.module.named_parameters()}
+    return {"micro": micro, "lrs": lrs, "params": params}
+
+
+def run_cases_on_rank(rank: int, world: int, cases: list[dict]) -> list[dict]:
+    return [run_case_on_rank(rank, world, case) for case in cases]
+
+
+# --- the reference -----------------------------------------------------------------------------------------------
+def reference(case: dict, micro_by_rank: list[list[tuple[list[int], int, bool]]]) -> tuple[dict, list[float]]:
+    """One process, plain PyTorch: replay every window's micro-batches (all ranks') as one concatenated batch."""
+    data = make_data(case)
+    model = build(case)
+    optimizer = make_optimizer(case, model.parameters())
+    global_batch = case["world"] * case["batch"]
+    per_epoch = case["n"] // global_batch if case["drop_last"] else -(-case["n"] // global_batch)
+    schedule = make_schedule(case, optimizer, per_epoch * case["epochs"])
+    lrs: list[float] = []
+    events = deque(case["events"])
+    stepped = [m[2] for m in micro_by_rank[0]]
+    window: list[int] = []
+    for k, ends in enumerate(stepped):
+        window.append(k)
+        if not ends:
+            continue
+        pieces = []
+        for j in window:
+            for r in range(case["world"]):
+                index, real, _ = micro_by_rank[r][j]
+                pieces.append((j, index[:real]))
+        total_items = 0.0
+        for _, idx in pieces:
+            if idx:
+                _, _, tok, cls = _batch(data, idx)
+                total_items += _items(case, tok, cls)
+        for j, idx in pieces:
+            while events and events[0][0] <= j:
+                _, what, arg = events.popleft()
+                if what == "freeze":
+                    set_group(model, *arg)
+            if not idx:
+                continue
+            _, ids, tok, cls = _batch(data, idx)
+            loss, _ = loss_sum_and_items(case, model, ids, tok, cls)
+            if case["loss"] != "sum":
+                loss = loss / total_items if total_items > 0 else loss * 0.0
+            if loss.requires_grad:
+                loss.backward()
+        while events and events[0][0] <= window[-1]:  # events of micro-steps whose batches were all padding
+            _, what, arg = events.popleft()
+            if what == "freeze":
+                set_group(model, *arg)
+        if case["clip"] is not None:
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], case["clip"])
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if schedule is not None:
+            for _ in window:
+                schedule.step()
+        window = []
+    return {name: p.detach() for name, p in model.named_parameters()}, lrs
+
+
+def _batch(data: list, idx: list[int]) -> tuple:
+    return collate([data[i] for i in idx])
+
+
+def _items(case: dict, tok: torch.Tensor, cls: torch.Tensor) -> float:
+    if case["loss"] == "sum":
+        return 1.0
+    if case["loss"] in ("samples", "masked"):
+        return float((cls != -100).sum())
+    if case["loss"] == "weighted":
+        return float((CLASS_WEIGHTS[cls.clamp(min=0)] * (cls != -100)).sum())
+    return float((tok != -100).sum())
+
+
+def check_case(case: dict, results: list[dict]) -> None:
+    """Assert one case: coverage of every epoch, identical replicas, parameters and LRs equal the reference."""
+    world = case["world"]
+    micro = [r["micro"] for r in results]
+    steps = {len(m) for m in micro}
+    assert len(steps) == 1, f"case {case['seed']}: ranks ran {steps} micro-steps"
+    global_batch = world * case["batch"]
+    per_epoch = case["n"] // global_batch if case["drop_last"] else -(-case["n"] // global_batch)
+    for epoch in range(case["epochs"]):
+        seen = [i for r in range(world) for (index, real, _) in micro[r][epoch * per_epoch:(epoch + 1) * per_epoch]
+                for i in index[:real]]
+        expected = per_epoch * global_batch if case["drop_last"] else case["n"]
+        assert len(seen) == len(set(seen)) == expected, (
+            f"case {case['seed']} epoch {epoch}: {len(seen)} samples, {len(set(seen))} distinct, want {expected}")
+    assert all(m[-1][2] for m in micro), f"case {case['seed']}: the run ended inside a window"
+    for r in range(1, world):
+        for name, p in results[r]["params"].items():
+            assert torch.equal(p, results[0]["params"][name]), f"case {case['seed']}: rank {r} {name} differs"
+    want_params, want_lrs = reference(case, micro)
+    got_lrs = results[0]["lrs"]
+    assert len(got_lrs) == len(want_lrs), f"case {case['seed']}: {len(got_lrs)} optimizer steps, want {len(want_lrs)}"
+    torch.testing.assert_close(torch.tensor(got_lrs, dtype=torch.float64), torch.tensor(want_lrs, dtype=torch.float64),
+                               rtol=1e-9, atol=1e-12, msg=lambda m: f"case {case['seed']} LRs: {m}")
+    for name, want in want_params.items():
+        torch.testing.assert_close(results[0]["params"][name], want, rtol=1e-5, atol=1e-6,
+                                   msg=lambda m, name=name: f"case {case['seed']} ({_describe(case)}) {name}: {m}")
+
+
+def _describe(case: dict) -> str:
+    keys = ("world", "batch", "n", "epochs", "drop_last", "anchor", "adaptive", "loss", "mask", "optimizer", "clip",
+            "schedule", "readahead", "prefetch_thread", "frozen_at_setup")
+    return ", ".join(f"{k}={case[k]}" for k in keys) + f", events={case['events']}"
