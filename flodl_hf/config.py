@@ -192,16 +192,16 @@ class DdpConfig:
             kwargs.update(anchor=a, min_anchor=a, max_anchor=a)
         caps = self.micro_batch_caps(world)
         if caps is not None:
-            if sum(caps) < world * batch_size:
-                raise _bad("max_micro_batch", self.max_micro_batch,
-                           f"the caps {caps} hold {sum(caps)} samples per step but {world} rank(s) x batch_size "
-                           f"{batch_size} = {world * batch_size}: raise the cap, lower batch_size or add ranks")
             if world == 1 or self.max_anchor == 0:
                 if any(c < batch_size for c in caps):
                     raise _bad("max_micro_batch", self.max_micro_batch,
                                f"with {'one rank' if world == 1 else 'El Che off (max_anchor=0)'} every micro-batch "
                                f"holds batch_size={batch_size} samples: lower batch_size to {min(caps)} or below")
                 caps = None
+            elif sum(caps) < world * batch_size:
+                raise _bad("max_micro_batch", self.max_micro_batch,
+                           f"the caps {caps} hold {sum(caps)} samples per step but {world} rank(s) x batch_size "
+                           f"{batch_size} = {world * batch_size}: raise the cap, lower batch_size or add ranks")
             kwargs["max_batch_sizes"] = caps
         return kwargs
 

@@ -136,8 +136,8 @@ def run_loop(head: Any, graph: Any, state: LoopState, options: LoopOptions, *, p
     bar = _bar(total, len(state.losses) if main else 0, options.progress and main)
     try:
         with GracefulInterrupt() as interrupt:
+            early_pending = False  # rank 0's early-stopping verdict, raised with the next step
             for epoch in range(options.epochs):
-                early_pending = False
                 for enc, labels in graph.epoch(epoch, prefetch=options.prefetch):
                     loss = head.compute_loss(enc, labels)
                     graph.backward(loss)  # loss.backward(), scaled under fp16 loss scaling

@@ -310,8 +310,7 @@ class SequenceClassificationHead:
         return output.logits if hasattr(output, "logits") else output[0]
 
     def compute_loss(self, enc: Mapping[str, Any], labels: Any) -> torch.Tensor:
-        """The mean loss over the batch's samples (see ``heads._losses`` for the exact semantics). It also tells
-        the graph what it averaged over (``Graph.loss_items``): labelled samples, ``-100`` excluded.
+        """The mean loss over the batch's samples (``heads._losses``); tells the graph what it averaged over.
 
         Labels are checked (range, shape, dtype) before the forward pass; a bad label raises ValueError.
         """
@@ -326,8 +325,7 @@ class SequenceClassificationHead:
         )
         logits = self.forward(enc)
         loss = _losses.loss_from_logits(kind, logits, labels)
-        if torch.is_grad_enabled():
-            # Tell the engine what this mean is over, so N ranks weight it exactly (see Graph.loss_items).
+        if torch.is_grad_enabled():  # so N ranks weight it exactly (Graph.loss_items)
             self._graph.loss_items(_losses.loss_items(kind, labels, logits.shape))
         return loss
 

@@ -112,7 +112,7 @@ def loss_sum_and_items(case: dict, model: torch.nn.Module, ids: torch.Tensor, to
     if kind == "weighted":
         keep = cls != -100
         per = F.cross_entropy(cls_logits, cls.clamp(min=0), reduction="none")
-        w = CLASS_WEIGHTS[cls.clamp(min=0)] * keep
+        w = CLASS_WEIGHTS.to(cls.device)[cls.clamp(min=0)] * keep
         return (per * w).sum(), float(w.sum())
     flat_logits, flat = tok_logits.reshape(-1, CLASSES), tok.reshape(-1)
     return F.cross_entropy(flat_logits, flat, ignore_index=-100, reduction="sum"), float((flat != -100).sum())
@@ -186,6 +186,7 @@ def run_case_on_rank(rank: int, world: int, case: dict) -> dict:
             if not ahead:
                 break
             index, ids, tok, cls = ahead.popleft()
+            ids, tok, cls = ids.to(graph.device), tok.to(graph.device), cls.to(graph.device)
             while events and events[0][0] <= step:
                 _, what, arg = events.popleft()
                 if what == "freeze":

@@ -265,8 +265,7 @@ def test_linear_schedule_follows_micro_batches():
     lrs = []
     for _ in range(10):
         lrs.append(optimizer.param_groups[0]["lr"])
-        schedule.advance()
-        schedule.step()
+        schedule.step()  # graph.step() steps it once per micro-batch
     assert lrs[:3] == pytest.approx([1 / 3, 2 / 3, 1.0])
     assert lrs[3:] == pytest.approx([7 / 8, 6 / 8, 5 / 8, 4 / 8, 3 / 8, 2 / 8, 1 / 8])
     assert optimizer.param_groups[0]["lr"] == 0.0

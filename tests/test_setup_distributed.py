@@ -130,13 +130,13 @@ def _anchor_rank(rank: int, world: int):
     fast, slow = [], []
     for xb, yb in graph.epoch(0):
         if len(fast) >= 5:
-            time.sleep(0.08)  # compute now dwarfs the all-reduce
+            time.sleep(0.2)  # compute now dwarfs the all-reduce
         torch.nn.functional.cross_entropy(graph.module(xb), yb).backward()
         before = graph.training_step
         graph.step()
         if graph.training_step != before:
             (fast if len(fast) < 5 else slow).append(graph.el_che().anchor)
-            if len(slow) >= 4:
+            if len(slow) >= 6:
                 break
     return fast, slow
 
@@ -145,7 +145,7 @@ def test_anchor_rises_with_overhead_then_decays():
     fast, slow = values(run_ranks(_anchor_rank, 2))[0]
     # 1M parameters and a near-empty forward: sync time >> 10 % of compute, so the anchor jumps up
     assert fast[-1] > 1 and fast == sorted(fast), (fast, slow)
-    # then 80 ms of compute per micro-batch: anchor 1 meets the target, and once the median of the recent
+    # then 200 ms of compute per micro-batch: anchor 1 meets the target, and once the median of the recent
     # per-micro-batch overheads says so the anchor goes straight down to it (no overshoot, no slow decay)
     assert slow[-1] == 1 and slow == sorted(slow, reverse=True), (fast, slow)
 
@@ -173,7 +173,7 @@ def _failing_rank(rank: int, world: int, mode: str):
 
 @pytest.mark.parametrize("mode,expect", [
     ("raise", "rank 1 failed"),
-    ("exit", "lost contact"),
+    ("exit", "rank(s) [1] vanished"),
     ("uneven", "different numbers of steps"),
 ])
 def test_rank_failure_stops_the_others(mode, expect):
