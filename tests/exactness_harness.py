@@ -120,6 +120,8 @@ def loss_sum_and_items(case: dict, model: torch.nn.Module, ids: torch.Tensor, to
 
 def make_optimizer(case: dict, params: Any) -> torch.optim.Optimizer:
     kind, lr = case["optimizer"], case["lr"]
+    if case["loss"] == "sum":
+        lr *= 0.02  # a summed loss is ~tokens-per-window times larger: a user scales the LR down the same way
     if kind == "sgd":
         return torch.optim.SGD(params, lr=lr)
     if kind == "momentum":
