@@ -26,6 +26,8 @@ from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 __all__ = ["TextDataset", "load_text_classification", "SUPPORTED_SUFFIXES"]
 
 SUPPORTED_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".ndjson")
+#: The most distinct labels a loaded dataset may hold (more means the label column is probably not labels).
+MAX_LABELS = 10_000
 
 
 class TextDataset:
@@ -119,16 +121,37 @@ def _decode(raw: bytes, encoding: Optional[str], name: str) -> str:
         except UnicodeDecodeError as exc:
             raise ValueError(f"{name} is not valid {encoding} ({exc.reason} at byte {exc.start}): pass the file's "
                              "encoding, or leave it unset to try utf-8 then latin-1") from exc
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        try:
+            return raw.decode("utf-16")  # a byte-order mark says so
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{name} starts like UTF-16 but is not valid UTF-16 ({exc.reason}): save it as UTF-8, "
+                             "or pass its encoding with --encoding") from exc
+    if b"\x00" in raw[:4096]:
+        raise ValueError(f"{name} holds NUL bytes, so it is binary or UTF-16/32 without a byte-order mark: save it "
+                         "as UTF-8, or pass its encoding with --encoding (e.g. --encoding utf-16-le)")
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         return raw.decode("latin-1")  # never fails: every byte is a latin-1 character
 
 
-def _read_csv(text: str, delimiter: str) -> tuple[list[str], list[dict[str, Any]]]:
-    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
-    columns = [c for c in (reader.fieldnames or []) if c is not None]
-    return columns, list(reader)
+def _read_csv(text: str, delimiter: str, name: str) -> tuple[list[str], list[dict[str, Any]]]:
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+        columns = [c for c in (reader.fieldnames or []) if c is not None]
+        rows = list(reader)
+    except csv.Error as exc:
+        raise ValueError(f"{name} is not a readable {'TSV' if delimiter == chr(9) else 'CSV'} file ({exc}): fix "
+                         "the quoting or the line breaks, or save it as JSON-lines") from exc
+    repeated = sorted({c for c in columns if columns.count(c) > 1})
+    if repeated:
+        raise ValueError(f"{name} has a header that repeats the column(s) {', '.join(map(repr, repeated))}, so "
+                         "which one holds the data is ambiguous: give every column a distinct name")
+    if len(columns) == 1 and ";" in columns[0] and delimiter == ",":
+        raise ValueError(f"{name} looks semicolon-separated (its header is {columns[0][:60]!r}): flodl-hf reads "
+                         "comma-separated .csv and tab-separated .tsv; save it with commas or tabs")
+    return columns, rows
 
 
 def _read_json(text: str, name: str, lines: bool) -> tuple[list[str], list[dict[str, Any]]]:
@@ -219,6 +242,12 @@ def _is_int_text(text: str) -> bool:
     return text.lstrip("-").isdigit()
 
 
+def _is_nan(label: Any) -> bool:
+    if isinstance(label, float):
+        return label != label
+    return isinstance(label, str) and label.strip().lower() in ("nan", "na", "n/a", "null", "none")
+
+
 def load_text_classification(path: Union[str, Path], *, text_column: str = "text", label_column: str = "label",
                              labels: Optional[Sequence[str]] = None, encoding: Optional[str] = None,
                              limit: Optional[int] = None, split: Optional[str] = None) -> TextDataset:
@@ -243,6 +272,9 @@ def load_text_classification(path: Union[str, Path], *, text_column: str = "text
         if duplicates:
             raise ValueError(f"labels {labels} repeat {duplicates}: give each label name once")
 
+    if text_column == label_column:
+        raise ValueError(f"the text column and the label column are both {text_column!r}: a model would train on "
+                         "the answer; name two different columns with --text-column and --label-column")
     class_names: Optional[list[str]] = None
     if path.is_dir():
         columns, table = _read_saved_dataset(path, split)
@@ -254,7 +286,7 @@ def load_text_classification(path: Union[str, Path], *, text_column: str = "text
                              "or a directory written by datasets' save_to_disk")
         text = _decode(path.read_bytes(), encoding, name)
         if suffix in (".csv", ".tsv"):
-            columns, table = _read_csv(text, "\t" if suffix == ".tsv" else ",")
+            columns, table = _read_csv(text, "\t" if suffix == ".tsv" else ",", name)
         else:
             columns, table = _read_json(text, name, lines=suffix != ".json")
 
@@ -269,6 +301,8 @@ def load_text_classification(path: Union[str, Path], *, text_column: str = "text
     texts: list[str] = []
     raw_labels: list[Any] = []
     row_numbers: list[int] = []
+    blank: list[int] = []
+    nan_rows: list[int] = []
     dropped = 0
     rows = table if not hasattr(table, "select_columns") else table.select_columns([text_column, label_column])
     for row_no, row in enumerate(rows, start=1):
@@ -281,7 +315,11 @@ def load_text_classification(path: Union[str, Path], *, text_column: str = "text
                              f"{text_column!r}; every text must be a string")
         label = row.get(label_column)
         if label is None or (isinstance(label, str) and not label.strip()):
-            raise ValueError(f"{name}: row {row_no} has no label in column {label_column!r}")
+            blank.append(row_no)
+            continue
+        if _is_nan(label):
+            nan_rows.append(row_no)
+            continue
         if isinstance(label, bool) or not isinstance(label, (str, int)):
             raise ValueError(f"{name}: row {row_no} has a {type(label).__name__} label ({label!r:.40}) in column "
                              f"{label_column!r}; use a string name or an integer id")
@@ -290,6 +328,12 @@ def load_text_classification(path: Union[str, Path], *, text_column: str = "text
         row_numbers.append(row_no)
         if limit is not None and len(texts) >= limit:
             break
+    if blank:
+        raise ValueError(f"{name}: {_rows_text(blank)} no label in column {label_column!r}: give every "
+                         "row a label, or remove those rows")
+    if nan_rows:
+        raise ValueError(f"{name}: {_rows_text(nan_rows)} the label NaN in column {label_column!r} (a "
+                         "missing value): give every row a real label, or remove those rows")
     if not texts:
         raise ValueError(f"{name} has no rows with text in column {text_column!r} ({dropped} empty rows)")
 
@@ -297,31 +341,48 @@ def load_text_classification(path: Union[str, Path], *, text_column: str = "text
     return TextDataset(texts, label_ids, names, source=name, dropped=dropped)
 
 
+def _rows_text(rows: list[int], limit: int = 10) -> str:
+    """``row 3 has`` / ``rows 3, 7 and 12 more have``."""
+    if len(rows) == 1:
+        return f"row {rows[0]} has"
+    shown = ", ".join(str(r) for r in rows[:limit])
+    return f"rows {shown}" + (f" and {len(rows) - limit} more" if len(rows) > limit else "") + " have"
+
+
 def _map_labels(raw: list[Any], row_numbers: list[int], labels: Optional[list[str]],
                 class_names: Optional[list[str]], name: str, column: str) -> tuple[list[int], list[str]]:
-    """Label ids and names. Integer labels are ids; string labels are looked up in the (given or sorted) names."""
+    """Label ids and names.
+
+    Without given names, the names are the distinct values seen, sorted (integers numerically), so integer labels
+    ``0/5/100`` give three labels; memory follows the rows, never a label's value. With given names (``labels`` or
+    a saved dataset's ``ClassLabel``), integer labels are ids into them unless every name is itself an integer,
+    in which case they match by name.
+    """
     kinds = {type(v) for v in raw}
-    if kinds == {int}:
-        names = labels or class_names
-        if names is None:
-            if min(raw) < 0:
-                raise ValueError(f"{name}: column {column!r} holds the negative label id {min(raw)}; integer "
-                                 "labels must be ids 0..N-1 (or use label names)")
-            names = [str(i) for i in range(max(raw) + 1)]
+    names = labels or class_names
+    if kinds == {int} and names is not None and not all(_is_int_text(str(n)) for n in names):
         for row_no, value in zip(row_numbers, raw):
             if not 0 <= value < len(names):
                 raise ValueError(f"{name}: row {row_no} has label id {value}, outside the "
                                  f"{len(names)} known labels {list(names)}")
         return list(raw), list(names)
-    # Strings (or a mix: integers are compared by their text, as a CSV would give them).
+    if kinds == {int} and names is None and min(raw) < 0:
+        raise ValueError(f"{name}: column {column!r} holds the negative label id {min(raw)}; integer labels must "
+                         "be >= 0 (or use label names)")
+    # Strings (or integers, compared by their text as a CSV would give them).
     texts = [str(v) for v in raw]
-    names = labels if labels is not None else _natural_sorted(set(texts))
+    if names is None:
+        distinct = set(texts)
+        if len(distinct) > MAX_LABELS:
+            raise ValueError(f"{name}: column {column!r} holds {len(distinct)} distinct labels, more than the "
+                             f"{MAX_LABELS} a classifier here may have: is {column!r} the label column? Choose "
+                             "another with --label-column")
+        names = _natural_sorted(distinct)
     index = {label: i for i, label in enumerate(names)}
     ids = []
     for row_no, value in zip(row_numbers, texts):
         if value not in index:
             raise ValueError(f"{name}: row {row_no} has label {value!r}, which is not one of the "
-                             f"known labels {list(names)}; fix the row or pass the full label list")
+                             f"known labels {list(names)}; fix the row or pass the full label list with --labels")
         ids.append(index[value])
     return ids, list(names)
-

@@ -19,14 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
+from . import ownership
 from .atomic import atomic_dir
+from .ownership import owns_dir
 from .quiet import quiet_transformers
 
 __all__ = ["VerifyReport", "verify_model_dir", "export_model_dir", "check_output_dir", "staged_output_dir",
            "is_flodl_output", "MARKER_FILE", "DEFAULT_VERIFY_SENTENCES"]
 
 #: File that marks a directory as written by flodl-hf (its JSON has ``"generator": "flodl-hf"``).
-MARKER_FILE = "metrics.json"
+MARKER_FILE = ownership.MARKER
 _CARD_FILES = ("README.md", "metrics.json", "loss_curve.png")
 
 DEFAULT_VERIFY_SENTENCES = (
@@ -40,45 +42,35 @@ DEFAULT_VERIFY_SENTENCES = (
 # --- output directories -------------------------------------------------------------------------------------
 
 def is_flodl_output(path: Union[str, Path]) -> bool:
-    """True when ``path`` holds a ``metrics.json`` written by flodl-hf."""
-    marker = Path(path) / MARKER_FILE
-    if not marker.is_file():
-        return False
-    try:
-        return json.loads(marker.read_text(encoding="utf-8")).get("generator") == "flodl-hf"
-    except (OSError, ValueError, AttributeError):
-        return False
+    """True when ``path`` is a directory flodl-hf wrote (its marker, or an earlier version's metrics.json)."""
+    return owns_dir(path)
 
 
-def check_output_dir(path: Union[str, Path], overwrite: bool) -> Path:
-    """Refuse (ValueError) an output path we must not write to; call before any long work."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"output path {path} exists and is a file: choose a directory path")
-    if path.is_dir() and any(path.iterdir()):
-        if not is_flodl_output(path):
-            raise ValueError(f"output directory {path} is not empty and was not written by flodl-hf: "
-                             "choose another --output-dir (flodl-hf never replaces other files)")
-        if not overwrite:
-            raise ValueError(f"output directory {path} already holds a flodl-hf result: pass --overwrite "
-                             "to replace it, or choose another --output-dir")
-    return path
+def check_output_dir(path: Union[str, Path], overwrite: bool, option: str = "--output-dir") -> Path:
+    """Refuse (ValueError) an output path we must not write to; call before any long work (see ``ownership``)."""
+    return ownership.check_output_dir(path, overwrite, option)
 
 
 @contextlib.contextmanager
-def staged_output_dir(path: Union[str, Path], overwrite: bool = False) -> Iterator[Path]:
+def staged_output_dir(path: Union[str, Path], overwrite: bool = False, option: str = "--output-dir") -> Iterator[Path]:
     """Yield an empty temporary directory beside ``path``; on success it replaces ``path`` by renames.
 
     On an exception the temporary directory is removed and ``path`` is untouched. A previous flodl-hf output is
-    replaced only with ``overwrite=True`` (see :func:`check_output_dir`).
+    replaced only with ``overwrite=True`` (see :func:`check_output_dir`). The new directory carries flodl-hf's
+    marker, recording every entry written, so a later ``--overwrite`` can tell them from a user's files.
     """
-    target = check_output_dir(path, overwrite).resolve()
-    with atomic_dir(target, before_swap=lambda: check_output_dir(target, overwrite)) as staging:
-        yield staging  # check_output_dir again before the swap: nothing foreign appeared meanwhile
+    target = check_output_dir(path, overwrite, option).resolve()
+    ownership.remove_stale_temporaries(target.parent, [target.name])
+    holder: list[Path] = []
 
+    def before_swap() -> None:
+        check_output_dir(target, overwrite, option)  # nothing foreign appeared meanwhile
+        staging = holder[0]
+        ownership.write_marker(staging, "output", [p.name for p in staging.iterdir()])
 
-
-
+    with atomic_dir(target, before_swap=before_swap) as staging:
+        holder.append(staging)
+        yield staging
 
 
 # --- verification -------------------------------------------------------------------------------------------
