@@ -245,16 +245,19 @@ def _same_tokens(head_enc: dict, enc: Any) -> Optional[bool]:
 
 # --- export ---------------------------------------------------------------------------------------------------
 
-def export_model_dir(source: Union[str, Path], output: Union[str, Path], *, overwrite: bool = False) -> Path:
+def export_model_dir(source: Union[str, Path], output: Union[str, Path], *, overwrite: bool = False,
+                     tokenizer: Optional[Union[str, Path]] = None) -> Path:
     """Re-save ``source`` HF-canonically into ``output``: load it with transformers and ``save_pretrained`` the
-    model (safetensors) and tokenizer; the card, metrics and loss curve are copied along. Written atomically."""
+    model (safetensors) and tokenizer; the card, metrics and loss curve are copied along. Written atomically.
+
+    A ``source`` without tokenizer files is refused unless ``tokenizer`` names a directory to take it from (an
+    export with an empty tokenizer would load and give meaningless predictions)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from .preflight import check_model_dir
+
     source = Path(source)
-    if not source.is_dir():
-        raise FileNotFoundError(f"model directory not found: {source}")
-    if not (source / "config.json").is_file():
-        raise ValueError(f"{source} is not a model directory (no config.json)")
+    check_model_dir(source, tokenizer=tokenizer is None)
     if Path(output).resolve() == source.resolve():
         raise ValueError(f"--output {output} is the model directory itself: choose a new directory")
     with quiet_transformers():
@@ -263,10 +266,11 @@ def export_model_dir(source: Union[str, Path], output: Union[str, Path], *, over
     if missing:
         raise ValueError(f"{source} lacks weights for {len(missing)} key(s) ({_listing(missing)}): an export would "
                          "save freshly initialised values; run `flodl-hf verify` on it for details")
-    tokenizer = AutoTokenizer.from_pretrained(str(source))
-    with staged_output_dir(output, overwrite=overwrite) as staging, quiet_transformers():
+    with quiet_transformers():
+        loaded_tokenizer = AutoTokenizer.from_pretrained(str(tokenizer if tokenizer is not None else source))
+    with staged_output_dir(output, overwrite=overwrite, option="--output") as staging, quiet_transformers():
         model.save_pretrained(str(staging))
-        tokenizer.save_pretrained(str(staging))
+        loaded_tokenizer.save_pretrained(str(staging))
         for name in _CARD_FILES:
             if (source / name).is_file():
                 shutil.copy2(source / name, staging / name)

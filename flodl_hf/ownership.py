@@ -236,3 +236,17 @@ def writable_parent(path: PathLike, option: str) -> None:
         raise ValueError(f"{option} {path}: {probe} is a file, not a directory: choose another {option}")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ValueError(f"{option} {path}: {probe} is not writable: choose another {option}")
+
+
+def release_if_empty(directory: PathLike) -> None:
+    """Remove a directory flodl-hf created and marked when nothing but its marker is left in it."""
+    directory = Path(directory)
+    marker = read_marker(directory)
+    if marker is None or not marker.get("created"):
+        return
+    try:
+        if [p.name for p in directory.iterdir()] == [MARKER]:
+            (directory / MARKER).unlink()
+            directory.rmdir()
+    except OSError:
+        pass
