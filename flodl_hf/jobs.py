@@ -180,12 +180,10 @@ def _resolve(settings: TrainSettings) -> _Sources:
     if settings.model is None:
         model_path, base_id, packaged_model = defaults.default_model_path(), defaults.DEFAULT_BASE_MODEL_ID, True
     else:
+        from .preflight import check_model_dir
+
         model_path, base_id, packaged_model = Path(settings.model), None, False
-        if not model_path.is_dir():
-            raise FileNotFoundError(f"model directory not found: {model_path}")
-        if not (model_path / "config.json").is_file():
-            raise ValueError(f"{model_path} is not a model directory (no config.json): give a directory written by "
-                             "save_pretrained, or leave --model out for the packaged MiniLM")
+        check_model_dir(model_path)  # config, weights and tokenizer present, before anything else
     if settings.data is None:
         data_path = defaults.default_corpus_path()
         return _Sources(model_path, base_id, data_path, defaults.DEFAULT_DATASET_NAME,

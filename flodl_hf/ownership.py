@@ -142,6 +142,9 @@ def check_disjoint(outputs: Sequence[tuple[str, PathLike]], inputs: Sequence[tup
             if _same_or_inside(source, path):
                 raise ValueError(f"{name} {path} would hold or replace the input {input_name} {source}: choose "
                                  f"another {name}")
+            if source.is_dir() and source in path.parents:
+                raise ValueError(f"{name} {path} would write inside the input {input_name} {source}: choose "
+                                 f"another {name} outside it")
 
 
 def claim_checkpoint_dir(directory: PathLike, overwrite: bool, resuming: bool, tensorboard: bool) -> None:
@@ -159,8 +162,10 @@ def claim_checkpoint_dir(directory: PathLike, overwrite: bool, resuming: bool, t
     names = ("checkpoint.pt", "runs") if tensorboard else ("checkpoint.pt",)
     for name in names:
         if (directory / name).exists() and name not in recorded:
-            raise ValueError(f"{directory / name} was not written by flodl-hf, which never replaces or deletes "
-                             "other files: choose another --checkpoint-dir")
+            resume = f"continue it with --resume {directory} if it is an unfinished flodl-hf run, or " \
+                if name == "checkpoint.pt" else ""
+            raise ValueError(f"{directory / name} was not written by flodl-hf (no ownership record), which never "
+                             f"replaces or deletes other files: {resume}choose another --checkpoint-dir")
 
 
 def adopt_checkpoint_dir(directory: PathLike) -> None:
