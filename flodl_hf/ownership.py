@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
@@ -194,26 +195,32 @@ def remove_owned(directory: PathLike, names: Sequence[str]) -> None:
         else:
             target.unlink(missing_ok=True)
     left = [p.name for p in directory.iterdir() if p.name != MARKER]
-    if not left and marker.get("created"):
-        (directory / MARKER).unlink(missing_ok=True)
-        try:
-            directory.rmdir()
-        except OSError:
-            pass
+    if not any(name in recorded for name in left):
+        (directory / MARKER).unlink(missing_ok=True)  # nothing of ours is left: the record goes too
+        if not left and marker.get("created"):
+            try:
+                directory.rmdir()
+            except OSError:
+                pass
 
 
 def remove_stale_temporaries(directory: PathLike, names: Sequence[str]) -> None:
-    """Remove what an interrupted atomic write of one of ``names`` left in ``directory`` (``.NAME.*.tmp`` files,
-    ``.NAME.partial-*`` / ``.NAME.old-*`` staging directories): flodl-hf's own temporary names only."""
+    """Remove what an interrupted atomic write of one of ``names`` left in ``directory``: exactly the temporary
+    names ``flodl_hf.atomic`` makes (``.NAME.XXXXXXXX.tmp`` files, ``.NAME.partial-XXXXXXXX`` and
+    ``.NAME.old-XXXXXXXX`` directories), nothing else."""
     directory = Path(directory)
     if not directory.is_dir():
         return
     for name in names:
+        quoted = re.escape(name)
+        tmp_file = re.compile(rf"^\.{quoted}\.[a-z0-9_]{{8}}\.tmp$")
+        staging = re.compile(rf"^\.{quoted}\.(partial-[a-z0-9_]{{8}}|old-[0-9a-f]{{8}})$")
         for stale in list(directory.glob(f".{name}.*")):
-            rest = stale.name[len(name) + 2:]
-            if stale.is_file() and not stale.is_symlink() and stale.name.endswith(".tmp") and len(rest) > 4:
+            if stale.is_symlink():
+                continue
+            if stale.is_file() and tmp_file.match(stale.name):
                 stale.unlink(missing_ok=True)
-            elif stale.is_dir() and not stale.is_symlink() and rest.startswith(("partial-", "old-")):
+            elif stale.is_dir() and staging.match(stale.name):
                 shutil.rmtree(stale, ignore_errors=True)
 
 

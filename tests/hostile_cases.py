@@ -102,7 +102,7 @@ for value in ("inf", "nan", "0", "0.6"):
     case(f"--overhead-target {value}", [*TRAIN, "--overhead-target", value], ("argument --overhead-target",))
 for value, needle in (("1:inf", "RANK:RATIO"), ("1:nan", "RANK:RATIO"), ("x", "RANK:RATIO"), ("1:", "RANK:RATIO"),
                       ("-1:2", "RANK:RATIO"), ("1:0.5", "must be >= 1")):
-    case(f"--speed-hint {value}", [*TRAIN, "--devices", "cpu,cpu", "--speed-hint", value],
+    case(f"--speed-hint {value}", [*TRAIN, "--devices", "cpu,cpu", f"--speed-hint={value}"],
          ("argument --speed-hint", needle))
 case("--speed-hint rank beyond the devices", [*TRAIN, "--devices", "cpu,cpu", "--speed-hint", "5:2"],
      ("speed hint rank 5 does not exist with 2 device(s)",))
