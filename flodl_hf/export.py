@@ -149,6 +149,11 @@ def verify_model_dir(path: Union[str, Path], *, head_loader: Optional[Callable[[
     except Exception as exc:  # noqa: BLE001 - any loading failure is the verdict, reported in one line
         report.problems.append(f"transformers could not load it: {type(exc).__name__}: {exc}")
         return report
+    from .preflight import TOKENIZER_FILES
+
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        report.problems.append("no tokenizer files (tokenizer.json, vocab.txt, ...): transformers built an empty or "
+                               "default tokenizer")
     model.eval()
     config = model.config
     report.model_type = str(getattr(config, "model_type", ""))
