@@ -354,7 +354,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     check_model_dir(args.model)
     check_trained(args.model, args.allow_untrained, "eval")
     dataset = load_text_classification(args.data, text_column=args.text_column, label_column=args.label_column,
-                                       labels=model_labels(args.model), encoding=args.encoding, limit=args.rows)
+                                       labels=model_labels(args.model), encoding=args.encoding, limit=args.rows,
+                                       label_fix="the model was trained on those labels only: evaluate on data with "
+                                                 "them (or pick the columns with --label-column)")
     head = _load_head(args.model)
     labels = [str(label) for label in head.labels()]
     summary = evaluate_head(head, dataset, args.batch_size, progress=not args.no_progress)

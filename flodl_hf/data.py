@@ -220,7 +220,8 @@ def _read_saved_dataset(path: Path, split: Optional[str]) -> tuple[list[str], An
             split = splits[0]
         if split not in loaded:
             raise ValueError(f"{path} holds splits {splits}: choose one with split=... (for example "
-                             f"split={splits[0]!r})")
+                             f"split={splits[0]!r}), or on the command line give its directory, e.g. --data "
+                             f"{path / str(splits[0])}")
         loaded = loaded[split]
     return list(loaded.column_names), loaded
 
@@ -250,12 +251,14 @@ def _is_nan(label: Any) -> bool:
 
 def load_text_classification(path: Union[str, Path], *, text_column: str = "text", label_column: str = "label",
                              labels: Optional[Sequence[str]] = None, encoding: Optional[str] = None,
-                             limit: Optional[int] = None, split: Optional[str] = None) -> TextDataset:
+                             limit: Optional[int] = None, split: Optional[str] = None,
+                             label_fix: str = "fix the row or pass the full label list with --labels") -> TextDataset:
     """Load ``(text, label)`` rows from a CSV / TSV, JSON / JSON-lines file or a saved ``datasets`` directory.
 
     ``labels`` fixes the label names and their order (a row with another label raises); otherwise they are the
     distinct values sorted. ``encoding`` applies to text files (default: utf-8, falling back to latin-1).
-    ``limit`` keeps the first N usable rows. ``split`` picks a split of a saved ``DatasetDict``.
+    ``limit`` keeps the first N usable rows. ``split`` picks a split of a saved ``DatasetDict``. ``label_fix`` is
+    the advice given with a row whose label is not among ``labels`` (callers name their own option).
     See the module docstring for what counts as a dropped row.
     """
     path = Path(path)
@@ -337,7 +340,7 @@ def load_text_classification(path: Union[str, Path], *, text_column: str = "text
     if not texts:
         raise ValueError(f"{name} has no rows with text in column {text_column!r} ({dropped} empty rows)")
 
-    label_ids, names = _map_labels(raw_labels, row_numbers, labels, class_names, name, label_column)
+    label_ids, names = _map_labels(raw_labels, row_numbers, labels, class_names, name, label_column, label_fix)
     return TextDataset(texts, label_ids, names, source=name, dropped=dropped)
 
 
@@ -350,7 +353,8 @@ def _rows_text(rows: list[int], limit: int = 10) -> str:
 
 
 def _map_labels(raw: list[Any], row_numbers: list[int], labels: Optional[list[str]],
-                class_names: Optional[list[str]], name: str, column: str) -> tuple[list[int], list[str]]:
+                class_names: Optional[list[str]], name: str, column: str,
+                label_fix: str = "fix the row or pass the full label list with --labels") -> tuple[list[int], list[str]]:
     """Label ids and names.
 
     Without given names, the names are the distinct values seen, sorted (integers numerically), so integer labels
@@ -383,6 +387,6 @@ def _map_labels(raw: list[Any], row_numbers: list[int], labels: Optional[list[st
     for row_no, value in zip(row_numbers, texts):
         if value not in index:
             raise ValueError(f"{name}: row {row_no} has label {value!r}, which is not one of the "
-                             f"known labels {list(names)}; fix the row or pass the full label list with --labels")
+                             f"known labels {list(names)}; {label_fix}")
         ids.append(index[value])
     return ids, list(names)

@@ -309,7 +309,7 @@ def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], No
     """
     from . import ownership
     from .job_checkpoints import check_plan, job_plan, prepare_checkpoints, remove_job_checkpoint, resume
-    from .preflight import check_train
+    from .preflight import check_label_order, check_train
     from .reporting import require_tensorboard
 
     started = time.perf_counter()
@@ -324,6 +324,7 @@ def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], No
         raise ValueError(f"{dataset.source} has a single label {dataset.labels} in column {sources.label_column!r}: "
                          "a classifier needs at least 2 classes; check --label-column, or name every class with "
                          "--labels")
+    check_label_order(sources.model_path, dataset.labels, settings.labels is not None)
     train_ds, eval_ds = _split(dataset, settings)
     ranks = len(settings.devices) if settings.devices else 1
     if len(train_ds) < ranks * settings.batch_size:

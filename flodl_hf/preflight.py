@@ -220,3 +220,15 @@ def model_labels(path: Any) -> Optional[list[str]]:
         return [str(id2label.get(str(i), id2label.get(i))) for i in range(len(id2label))] if id2label else None
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def check_label_order(model: Any, labels: Sequence[str], given: bool) -> None:
+    """Refuse labels that name a trained model's classes in another order (each id would mean another class)."""
+    names = model_labels(model)
+    if not names or all(n == f"LABEL_{i}" for i, n in enumerate(names)) or classifier_trained(model) is not True:
+        return
+    if sorted(names) == sorted(labels) and list(names) != list(labels):
+        where = f"--labels {','.join(labels)}" if given else f"the data's sorted labels {list(labels)}"
+        raise ValueError(f"{where} order the classes differently from the model's trained classifier "
+                         f"({','.join(names)}), so every id would mean another class: pass --labels "
+                         f"{','.join(names)}")

@@ -336,3 +336,9 @@ case("eval --json over its own earlier result", ["eval", "--model", "{trained}",
      setup=text("r.json", '{"generator": "flodl-hf", "accuracy": 0.5}'), owned=("r.json",))
 case("predict on a base checkpoint with --allow-untrained", ["predict", "--model", "{base}", "--allow-untrained",
                                                              "good"], (), code=0)
+case("--labels in another order than the trained model", ["train", "--model", "{trained}", "--data", "{data}",
+                                                          "--labels", "pos,neg", "--output-dir", "out"],
+     ("order the classes differently", "--labels neg,pos"))
+case("eval: missing label column", ["eval", "--model", "{trained}", "--data", "{data}",
+     "--label-column", "nope"],
+     ("no label column 'nope'", "--label-column"))
