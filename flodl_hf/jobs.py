@@ -121,8 +121,8 @@ class TrainSettings:
             _positive_int("train_rows", self.train_rows, 4000)
         if self.eval_rows is not None:
             _positive_int("eval_rows", self.eval_rows, 1000)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed={self.seed!r} is invalid: use an integer, e.g. 0")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed={self.seed!r} is invalid: use an integer from 0 to 2**63-1 (--seed), e.g. 0")
         if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr)
                                              and self.lr > 0):
             raise ValueError(f"lr={self.lr!r} is invalid: use a positive learning rate, e.g. 5e-5")

@@ -221,7 +221,10 @@ def remove_stale_temporaries(directory: PathLike, names: Sequence[str]) -> None:
             if stale.is_file() and tmp_file.match(stale.name):
                 stale.unlink(missing_ok=True)
             elif stale.is_dir() and staging.match(stale.name):
-                shutil.rmtree(stale, ignore_errors=True)
+                if stale.name.startswith(f".{name}.old-") and not (directory / name).exists():
+                    os.replace(stale, directory / name)  # killed between the swap's renames: put it back
+                else:
+                    shutil.rmtree(stale, ignore_errors=True)
 
 
 def writable_parent(path: PathLike, option: str) -> None:

@@ -209,6 +209,8 @@ def check_train(settings: Any, sources: Any) -> Path:
     if is_main_process():
         for directory in {checkpoint_dir, Path(settings.resume or checkpoint_dir)}:
             ownership.remove_stale_temporaries(directory, ["checkpoint.pt"])
+        if output.absolute().name:  # an output swap a kill interrupted (.NAME.partial-*, .NAME.old-*)
+            ownership.remove_stale_temporaries(output.absolute().parent, [output.absolute().name])
     return checkpoint_dir
 
 

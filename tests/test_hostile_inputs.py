@@ -246,3 +246,19 @@ def test_a_read_only_filesystem_is_one_line():
     message = fs_error_message(OSError(errno.EROFS, "Read-only file system", "/mnt/r.json"), "--json FILE")
     assert message == "read-only filesystem writing /mnt/r.json: choose a writable --json FILE"
     assert "no space left" in fs_error_message(OSError(errno.ENOSPC, "full", "x"), "--output")
+
+
+def test_stale_temporaries_are_flodl_hfs_own_names_only(tmp_path):
+    from flodl_hf.ownership import remove_stale_temporaries
+
+    for name in (".out.partial-abcd1234", ".out.partial-notmine", ".out.old-0123abcd", ".mine.partial-abcd1234"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "f").write_text(name)
+    for name in (".out.abcd_123.tmp", ".out.notes.tmp", ".out.x", "out.abcd1234.tmp"):
+        (tmp_path / name).write_text(name)
+    remove_stale_temporaries(tmp_path, ["out"])
+    left = sorted(p.name for p in tmp_path.iterdir())
+    # the staging dir and temp file go; an interrupted swap's previous output is put back; the rest is foreign
+    assert left == sorted([".out.partial-notmine", ".mine.partial-abcd1234", ".out.notes.tmp", ".out.x",
+                           "out.abcd1234.tmp", "out"])
+    assert (tmp_path / "out" / "f").read_text() == ".out.old-0123abcd"
