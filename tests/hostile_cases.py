@@ -342,3 +342,7 @@ case("--labels in another order than the trained model", ["train", "--model", "{
 case("eval: missing label column", ["eval", "--model", "{trained}", "--data", "{data}",
      "--label-column", "nope"],
      ("no label column 'nope'", "--label-column"))
+case("predict a text of undecodable bytes", ["predict", "--model", "{trained}", os.fsdecode(b"caf\xe9 good")],
+     ("TEXT 1 is not valid UTF-8",))
+case("verify a model without tokenizer files fails (exit 1)", ["verify", "m"], (), code=1,
+     setup=model_copy("m", drop=TOKENIZER))
