@@ -227,7 +227,14 @@ def model_labels(path: Any) -> Optional[list[str]]:
 def check_label_order(model: Any, labels: Sequence[str], given: bool) -> None:
     """Refuse labels that name a trained model's classes in another order (each id would mean another class)."""
     names = model_labels(model)
-    if not names or all(n == f"LABEL_{i}" for i, n in enumerate(names)) or classifier_trained(model) is not True:
+    if not names or classifier_trained(model) is not True:
+        return
+    if len(names) != len(labels):
+        where = f"--labels {','.join(labels)}" if given else f"the data's {len(labels)} labels {list(labels)}"
+        raise ValueError(f"--model {model} holds a trained {len(names)}-label classifier ({','.join(names)}), but "
+                         f"{where} give {len(labels)}: fine-tune from the base checkpoint it came from (--model), "
+                         f"or give data with its {len(names)} labels (--labels, --label-column)")
+    if all(n == f"LABEL_{i}" for i, n in enumerate(names)):
         return
     if sorted(names) == sorted(labels) and list(names) != list(labels):
         where = f"--labels {','.join(labels)}" if given else f"the data's sorted labels {list(labels)}"

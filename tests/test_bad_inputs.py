@@ -126,7 +126,7 @@ CASES: list[tuple[str, Callable, int, tuple[str, ...]]] = [
     ("labels out of range", labels_out_of_range, 2,
      ("row 1 has label '0', which is not one of the known labels ['a', 'b']", "pass the full label list")),
     ("num_labels mismatch with the checkpoint", num_labels_mismatch, 2,
-     ("has 3 labels, not 2", "Drop num_labels/labels to use its 3 labels, or load the base model")),
+     ("holds a trained 3-label classifier", "--labels neg,pos give 2: fine-tune from the base checkpoint")),
     ("unknown model_type", unknown_model_type, 2,
      ("model_type 'gpt2' is not supported", "supported model types are bert, distilbert")),
     ("missing weights", missing_weights, 2, ("no weights file in", "expected one of model.safetensors")),
