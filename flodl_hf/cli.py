@@ -7,7 +7,7 @@ types (``TrainSettings``, loaders, ``verify_model_dir``) and does nothing else; 
 
 Exit codes: 0 done; 2 for an error a user can cause (bad flags, missing files, bad data, a checkpoint that does not
 fit), reported as one line on stderr, ``flodl-hf: error: ...``, never a traceback; 1 when training diverged (NaN
-or infinite loss) or ``verify`` failed; 130 after Ctrl-C (``train`` first writes a checkpoint and prints the
+or infinite loss) or ``verify`` failed; 130 after Ctrl-C or SIGTERM (``train`` first writes a checkpoint and prints the
 command that resumes it).
 """
 

@@ -28,6 +28,7 @@ __all__ = ["TextDataset", "load_text_classification", "SUPPORTED_SUFFIXES"]
 SUPPORTED_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".ndjson")
 #: The most distinct labels a loaded dataset may hold (more means the label column is probably not labels).
 MAX_LABELS = 10_000
+_LABEL_FIX = "fix the row or pass the full label list with --labels"
 
 
 class TextDataset:
@@ -252,7 +253,7 @@ def _is_nan(label: Any) -> bool:
 def load_text_classification(path: Union[str, Path], *, text_column: str = "text", label_column: str = "label",
                              labels: Optional[Sequence[str]] = None, encoding: Optional[str] = None,
                              limit: Optional[int] = None, split: Optional[str] = None,
-                             label_fix: str = "fix the row or pass the full label list with --labels") -> TextDataset:
+                             label_fix: str = _LABEL_FIX) -> TextDataset:
     """Load ``(text, label)`` rows from a CSV / TSV, JSON / JSON-lines file or a saved ``datasets`` directory.
 
     ``labels`` fixes the label names and their order (a row with another label raises); otherwise they are the
@@ -354,7 +355,7 @@ def _rows_text(rows: list[int], limit: int = 10) -> str:
 
 def _map_labels(raw: list[Any], row_numbers: list[int], labels: Optional[list[str]],
                 class_names: Optional[list[str]], name: str, column: str,
-                label_fix: str = "fix the row or pass the full label list with --labels") -> tuple[list[int], list[str]]:
+                label_fix: str = _LABEL_FIX) -> tuple[list[int], list[str]]:
     """Label ids and names.
 
     Without given names, the names are the distinct values seen, sorted (integers numerically), so integer labels
