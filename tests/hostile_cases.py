@@ -346,3 +346,9 @@ case("predict a text of undecodable bytes", ["predict", "--model", "{trained}", 
      ("TEXT 1 is not valid UTF-8",))
 case("verify a model without tokenizer files fails (exit 1)", ["verify", "m"], (), code=1,
      setup=model_copy("m", drop=TOKENIZER))
+case("output dir . in an empty directory", [*TRAIN, "--output-dir", "."], ("overlap", "--checkpoint-dir"))
+case("output dir given as an empty string", [*TRAIN, "--output-dir", ""], ("--output-dir",), setup=text("mine.txt"))
+case("export takes the tokenizer from --tokenizer", ["export", "--model", "m", "--output", "o", "--tokenizer",
+                                                     "{trained}"], (), code=0, owned=("o",),
+     setup=lambda root: (__import__("shutil").copytree(Path(os.environ["HOSTILE_TRAINED"]), root / "m"),
+                         [(root / "m" / name).unlink(missing_ok=True) for name in TOKENIZER]))

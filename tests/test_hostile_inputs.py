@@ -70,6 +70,7 @@ def shared(tmp_path_factory):
                      "--max-length", "16", "--eval-rows", "12", "--no-progress"])
     assert code == 0
     os.environ["HOSTILE_BASE"] = str(base)  # model_copy() in the table copies it
+    os.environ["HOSTILE_TRAINED"] = str(trained)
     before = listing(root)
     yield {"base": str(base), "trained": str(trained), "data": str(data)}
     assert listing(root) == before, "a command changed a shared input"
