@@ -365,7 +365,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         from .atomic import atomic_path
 
-        summary = dict(summary, generator="flodl-hf", model=str(args.model), data=str(args.data), labels=labels)
+        summary = dict(summary, generator="flodl-hf", kind="eval", model=str(args.model), data=str(args.data), labels=labels)
         check_output_file(args.json, "--json", inputs=[args.data, args.model])  # again: nothing appeared meanwhile
         with atomic_path(args.json) as tmp:
             tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

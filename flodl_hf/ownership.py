@@ -98,15 +98,16 @@ def check_output_dir(path: PathLike, overwrite: bool, option: str = "--output-di
     return path
 
 
-def owned_json(path: Path) -> bool:
-    """True when ``path`` is a JSON result flodl-hf wrote (``"generator": "flodl-hf"`` at its top)."""
+def owned_json(path: Path, kind: str = "eval") -> bool:
+    """True when ``path`` is a JSON result of ``kind`` flodl-hf wrote (``"generator": "flodl-hf"`` and ``"kind"``
+    at its top): an eval result may replace an earlier eval result, never a run's metrics.json."""
     try:
         if path.stat().st_size > 50_000_000:
             return False
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(data, dict) and data.get("generator") == "flodl-hf"
+    return isinstance(data, dict) and data.get("generator") == "flodl-hf" and data.get("kind") == kind
 
 
 def _same_or_inside(inner: Path, outer: Path) -> bool:
@@ -125,8 +126,8 @@ def check_output_file(path: PathLike, option: str, inputs: Sequence[PathLike] = 
     if path.is_dir():
         raise ValueError(f"{option} {path} is a directory: give a file name with {option}")
     if path.is_symlink() or (path.exists() and not owned_json(path)):
-        raise ValueError(f"{option} {path} already exists and was not written by flodl-hf: choose a new file "
-                         f"name with {option} (flodl-hf never replaces other files)")
+        raise ValueError(f"{option} {path} already exists and is not an earlier flodl-hf result of this kind: "
+                         f"choose a new file name with {option} (flodl-hf never replaces other files)")
     return path
 
 

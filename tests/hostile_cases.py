@@ -192,7 +192,7 @@ case("--resume a directory without checkpoint", [*TRAIN, "--output-dir", "out", 
 case("--resume a foreign checkpoint", [*TRAIN, "--output-dir", "out", "--resume", "c"],
      ("unreadable",), setup=raw("c/checkpoint.pt", b"not a checkpoint"))
 for name, setup_json, needle in (
-        ("foreign file", text("r.json", '{"mine": 1}'), "already exists and was not written by flodl-hf"),
+        ("foreign file", text("r.json", '{"mine": 1}'), "already exists and is not an earlier flodl-hf result"),
         ("the data file", None, "is an input of this command"),
         ("a file of the model dir", None, "is an input of this command"),
         ("a directory", lambda root: (root / "r.json").mkdir(), "is a directory"),
@@ -333,7 +333,11 @@ case("integer labels 0/5/100 give 3 labels", [*DATA[:4], "d.jsonl", *DATA[5:], "
      setup=jsonl("d.jsonl", [{"text": f"the film {i}", "label": (0, 5, 100)[i % 3]} for i in range(45)]))
 case("eval --json over its own earlier result", ["eval", "--model", "{trained}", "--data", "{data}", "--json",
                                                  "r.json", "--no-progress"], (), code=0,
-     setup=text("r.json", '{"generator": "flodl-hf", "accuracy": 0.5}'), owned=("r.json",))
+     setup=text("r.json", '{"generator": "flodl-hf", "kind": "eval", "accuracy": 0.5}'), owned=("r.json",))
+case("eval --json over a run's metrics.json", ["eval", "--model", "{trained}", "--data", "{data}", "--json",
+                                               "run/metrics.json"],
+     ("already exists and is not an earlier flodl-hf result",),
+     setup=text("run/metrics.json", '{"generator": "flodl-hf", "accuracy": 0.5}'))
 case("predict on a base checkpoint with --allow-untrained", ["predict", "--model", "{base}", "--allow-untrained",
                                                              "good"], (), code=0)
 case("--labels in another order than the trained model", ["train", "--model", "{trained}", "--data", "{data}",
