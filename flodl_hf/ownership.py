@@ -255,14 +255,7 @@ def writable_parent(path: PathLike, option: str) -> None:
 
 
 def release_if_empty(directory: PathLike) -> None:
-    """Remove a directory flodl-hf created and marked when nothing but its marker is left in it."""
-    directory = Path(directory)
-    marker = read_marker(directory)
-    if marker is None or not marker.get("created"):
-        return
-    try:
-        if [p.name for p in directory.iterdir()] == [MARKER]:
-            (directory / MARKER).unlink()
-            directory.rmdir()
-    except OSError:
-        pass
+    """Drop flodl-hf's marker from a directory where nothing it recorded is left (and the directory itself when
+    flodl-hf created it and it is empty): a failed run leaves no trace, a user's directory keeps only its files."""
+    if Path(directory).is_dir():
+        remove_owned(directory, ())

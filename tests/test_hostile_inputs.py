@@ -270,3 +270,15 @@ def test_stale_temporaries_are_flodl_hfs_own_names_only(tmp_path):
     assert left == sorted([".out.partial-notmine", ".mine.partial-abcd1234", ".out.notes.tmp", ".out.x",
                            "out.abcd1234.tmp", "out"])
     assert (tmp_path / "out" / "f").read_text() == ".out.old-0123abcd"
+
+
+def test_a_failed_run_leaves_no_marker_in_a_users_checkpoint_dir(shared, tmp_path):
+    """A NaN loss (exit 1) with --checkpoint-dir DIR, a user's directory: DIR ends as it began."""
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "keep.me").write_text("mine")
+    before = listing(tmp_path)
+    result = run(["train", "--model", shared["base"], "--data", shared["data"], "--output-dir", "out",
+                  "--checkpoint-dir", "ck", "--lr", "1e6", "--batch-size", "8", "--max-length", "16", "--eval-rows",
+                  "12", "--no-progress"], tmp_path)
+    assert result.returncode == 1 and len(error_lines(result.stderr)) == 1, result.stderr[-1500:]
+    assert listing(tmp_path) == before
