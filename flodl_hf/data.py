@@ -158,7 +158,7 @@ def _read_csv(text: str, delimiter: str, name: str) -> tuple[list[str], list[dic
 def _read_json(text: str, name: str, lines: bool) -> tuple[list[str], list[dict[str, Any]]]:
     if not lines:
         try:
-            data = json.loads(text) if text.strip() else []
+            data = json.loads(text, object_pairs_hook=_distinct_keys(name)) if text.strip() else []
         except json.JSONDecodeError as exc:
             if exc.msg != "Extra data":
                 raise ValueError(f"{name} is not valid JSON: {exc}") from exc
@@ -188,10 +188,22 @@ def _read_json(text: str, name: str, lines: bool) -> tuple[list[str], list[dict[
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            rows.append(json.loads(line, object_pairs_hook=_distinct_keys(f"{name}: line {line_no}")))
         except json.JSONDecodeError as exc:
             raise ValueError(f"{name}: line {line_no} is not valid JSON: {exc.msg}") from exc
     return _columns_of(rows, name), rows
+
+
+def _distinct_keys(name: str) -> Any:
+    """A ``json`` object hook that refuses a repeated key (json would silently keep the last value)."""
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [key for key, _ in pairs]
+        repeated = sorted({key for key in keys if keys.count(key) > 1})
+        if repeated:
+            raise ValueError(f"{name} has an object that repeats the key(s) {', '.join(map(repr, repeated))}, so "
+                             "which value holds the data is ambiguous: give every field once")
+        return dict(pairs)
+    return hook
 
 
 def _columns_of(rows: list, name: str) -> list[str]:

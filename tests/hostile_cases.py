@@ -356,3 +356,8 @@ case("export takes the tokenizer from --tokenizer", ["export", "--model", "m", "
                                                      "{trained}"], (), code=0, owned=("o",),
      setup=lambda root: (__import__("shutil").copytree(Path(os.environ["HOSTILE_TRAINED"]), root / "m"),
                          [(root / "m" / name).unlink(missing_ok=True) for name in TOKENIZER]))
+case("JSON-lines object with a repeated key", [*DATA[:4], "d.jsonl", *DATA[5:]],
+     ("line 2 has an object that repeats the key(s) 'text'",),
+     setup=text("d.jsonl", '{"text": "a", "label": 1}\n{"text": "b", "text": "c", "label": 0}\n'))
+case("JSON array object with a repeated key", [*DATA[:4], "d.json", *DATA[5:]], ("repeats the key(s) 'label'",),
+     setup=text("d.json", '[{"text": "a", "label": 1, "label": 0}]'))
