@@ -117,11 +117,11 @@ def _decode(raw: bytes, encoding: Optional[str], name: str) -> str:
         try:
             return raw.decode(encoding)
         except LookupError as exc:
-            raise ValueError(f"unknown encoding {encoding!r}: use a Python codec name such as utf-8 or latin-1") \
-                from exc
+            raise ValueError(f"unknown encoding {encoding!r}: pass --encoding a Python codec name such as utf-8 or "
+                             "latin-1") from exc
         except UnicodeDecodeError as exc:
             raise ValueError(f"{name} is not valid {encoding} ({exc.reason} at byte {exc.start}): pass the file's "
-                             "encoding, or leave it unset to try utf-8 then latin-1") from exc
+                             "encoding with --encoding, or leave it out to try utf-8 then latin-1") from exc
     if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
         try:
             return raw.decode("utf-16")  # a byte-order mark says so
@@ -286,7 +286,7 @@ def load_text_classification(path: Union[str, Path], *, text_column: str = "text
             raise ValueError("labels=[] is invalid: give at least one label name, or None to take them from the data")
         duplicates = sorted({label for label in labels if labels.count(label) > 1})
         if duplicates:
-            raise ValueError(f"labels {labels} repeat {duplicates}: give each label name once")
+            raise ValueError(f"labels {labels} repeat {duplicates}: give each label name once (--labels)")
 
     if text_column == label_column:
         raise ValueError(f"the text column and the label column are both {text_column!r}: a model would train on "

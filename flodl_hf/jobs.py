@@ -201,6 +201,9 @@ def _split(dataset: TextDataset, settings: TrainSettings) -> tuple[TextDataset, 
     if n < 2:
         raise ValueError(f"{dataset.source} has {n} usable row(s): training and evaluation need at least 2")
     n_eval = settings.eval_rows if settings.eval_rows is not None else min(DEFAULT_EVAL_ROWS, max(1, n // 5))
+    if n_eval >= n:
+        raise ValueError(f"cannot hold out {n_eval} of {n} rows for evaluation ({dataset.source}): give --eval-rows "
+                         f"between 1 and {n - 1}, so that rows remain for training")
     train, held_out = dataset.split(n_eval, seed=settings.seed)
     if settings.train_rows is not None:
         train = train.subset(settings.train_rows, seed=settings.seed)

@@ -264,8 +264,9 @@ case("semicolon-separated file", DATA, ("semicolon-separated",),
 case("UTF-16 without BOM", DATA, ("NUL bytes", "--encoding"),
      setup=raw("d.csv", ("text,label\n" + "".join(f"{t},{lab}\n" for t, lab in GOOD)).encode("utf-16-le")))
 case("binary data file", DATA, ("NUL bytes",), setup=raw("d.csv", bytes(range(256)) * 4))
-case("unknown --encoding", [*DATA, "--encoding", "klingon"], ("unknown encoding",), setup=rows("d.csv", GOOD))
-case("wrong --encoding", [*DATA, "--encoding", "ascii"], ("is not valid ascii",),
+case("unknown --encoding", [*DATA, "--encoding", "klingon"], ("unknown encoding", "--encoding"),
+     setup=rows("d.csv", GOOD))
+case("wrong --encoding", [*DATA, "--encoding", "ascii"], ("is not valid ascii", "--encoding"),
      setup=text("d.csv", "text,label\ncafé good,pos\nbad,neg\n"))
 case("unsupported suffix .txt", [*DATA[:4], "d.txt", *DATA[5:]], ("unsupported data file",), setup=text("d.txt"))
 case("unsupported suffix .xlsx", [*DATA[:4], "d.xlsx", *DATA[5:]], ("unsupported data file",),
@@ -312,7 +313,7 @@ case("JSON rows that are lists", [*DATA[:4], "d.jsonl", *DATA[5:]], ("row 1 is a
      setup=text("d.jsonl", '["a", 1]\n'))
 case("JSON columns of different lengths", [*DATA[:4], "d.json", *DATA[5:]], ("different lengths",),
      setup=text("d.json", '{"text": ["a", "b"], "label": [1]}'))
-case("--eval-rows beyond the data", [*DATA, "--eval-rows", "500"], ("cannot hold out 500 of 40 rows",),
+case("--eval-rows beyond the data", [*DATA, "--eval-rows", "500"], ("cannot hold out 500 of 40 rows", "--eval-rows"),
      setup=rows("d.csv", GOOD))
 case("fewer rows than one batch", [*DATA, "--batch-size", "64"], ("fewer than one global batch", "--batch-size"),
      setup=rows("d.csv", GOOD))
