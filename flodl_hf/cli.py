@@ -7,7 +7,7 @@ types (``TrainSettings``, loaders, ``verify_model_dir``) and does nothing else; 
 
 Exit codes: 0 done; 2 for an error a user can cause (bad flags, missing files, bad data, a checkpoint that does not
 fit), reported as one line on stderr, ``flodl-hf: error: ...``, never a traceback; 1 when training diverged (NaN
-or infinite loss) or ``verify`` failed; 130 after Ctrl-C (``train`` first writes a checkpoint and prints the
+or infinite loss) or ``verify`` failed; 130 after Ctrl-C or SIGTERM (``train`` first writes a checkpoint and prints the
 command that resumes it).
 """
 
@@ -104,7 +104,7 @@ def _speed_hint(text: str) -> tuple[int, float]:
         slow, value = int(rank), float(ratio)
     except ValueError:
         slow, value = -1, float("nan")
-    if not sep or slow < 0 or math.isnan(value):
+    if not sep or slow < 0 or not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not RANK:RATIO, e.g. 1:2.5 (rank 1 is 2.5x slower)")
     if value < 1.0:
         raise argparse.ArgumentTypeError(f"ratio {value:g} in {text!r} must be >= 1 (how many times faster the other "
@@ -120,6 +120,19 @@ def _overhead(text: str) -> float:
     if not 0.01 <= value <= 0.5:
         raise argparse.ArgumentTypeError(f"{text} is out of range: use a fraction of compute time in [0.01, 0.5], "
                                          "e.g. 0.1")
+    return value
+
+
+SEED_MAX = 2**63 - 1
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer, e.g. 0") from None
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"{text[:30]} is out of range: use an integer from 0 to 2**63-1, e.g. 0")
     return value
 
 
@@ -160,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="training rows drawn from what the held-out split leaves (4000; fewer if not available)")
     train.add_argument("--eval-rows", type=_int_at_least(1), default=None,
                        help="held-out evaluation rows (default 1000, at most a fifth of the data)")
-    train.add_argument("--seed", type=int, default=0, help="seed of split, sampling, shuffling and init (0)")
+    train.add_argument("--seed", type=_seed, default=0, help="seed of split, sampling, shuffling and init (0)")
     train.add_argument("--output-dir", default="flodl-hf-output", help="where to write (./flodl-hf-output)")
     train.add_argument("--overwrite", action="store_true", help="replace a previous flodl-hf output there")
     train.add_argument("--devices", help="one rank per device, comma-separated, e.g. cpu,cpu or cuda:0,cuda:1 "
@@ -203,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("texts", nargs="+", metavar="TEXT", help="texts to classify")
     predict.add_argument("--top-k", type=_int_at_least(1), default=None, help="labels shown per text (all)")
     predict.add_argument("--json", action="store_true", help="print JSON instead of text")
+    predict.add_argument("--allow-untrained", action="store_true",
+                         help="run even when the model's classifier was never trained (random scores)")
 
     evaluate = sub.add_parser("eval", help="accuracy and macro-F1 of a model on a labelled file")
     evaluate.add_argument("--model", required=True, help="trained model directory")
@@ -214,11 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--batch-size", type=_int_at_least(1), default=64, help="texts per forward pass (64)")
     evaluate.add_argument("--json", metavar="FILE", help="also write the full results as JSON to FILE")
     evaluate.add_argument("--no-progress", action="store_true", help="no progress bar")
+    evaluate.add_argument("--allow-untrained", action="store_true",
+                          help="run even when the model's classifier was never trained (random scores)")
 
     export = sub.add_parser("export", help="re-save a model directory HF-canonically, then verify it")
     export.add_argument("--model", required=True, help="model directory to export")
     export.add_argument("--output", required=True, help="new directory to write")
     export.add_argument("--overwrite", action="store_true", help="replace a previous flodl-hf output there")
+    export.add_argument("--tokenizer", metavar="DIR",
+                        help="take the tokenizer from DIR (e.g. the base model) when --model has no tokenizer files")
 
     verify = sub.add_parser("verify", help="check a directory loads in plain transformers and matches the head")
     verify.add_argument("model", metavar="DIR", help="model directory")
@@ -254,11 +273,19 @@ def run_train(args: Any) -> dict:
 
     settings = args if isinstance(args, TrainSettings) else settings_from_args(args)
     try:
-        return job(settings, _head_class())
+        return job(settings, _LazyHeadClass())
     finally:
-        from .distributed.context import shutdown
+        context = sys.modules.get("flodl_hf.distributed.context")
+        if context is not None:  # nothing to shut down when the run stopped before starting ranks
+            context.shutdown()
 
-        shutdown()
+
+class _LazyHeadClass:
+    """``AutoHeadForSequenceClassification``, imported (with torch and transformers) on first use, so that the
+    job's early refusals cost no import."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_head_class(), name)
 
 
 def resume_command(argv: Sequence[str], directory: Any) -> str:
@@ -276,25 +303,31 @@ def resume_command(argv: Sequence[str], directory: Any) -> str:
 
 
 def _cmd_train(args: argparse.Namespace, argv: Sequence[str] = ("train",)) -> int:
-    from .training_loop import TrainingDiverged, TrainingInterrupted
-
     try:
         run_train(args)
-    except TrainingInterrupted as stop:
-        if not stop.is_main:
-            return 0  # rank 0 reports and sets the exit code
-        print(f"{PROG}: interrupted at step {stop.step} (epoch {stop.epoch}); checkpoint saved. Resume with: "
-              f"{resume_command(argv, stop.checkpoint_dir)}", file=sys.stderr, flush=True)
-        return 130
-    except TrainingDiverged as diverged:
-        if not diverged.is_main:
-            return 0
-        print(f"{PROG}: error: {diverged}", file=sys.stderr, flush=True)
-        return 1
+    except Exception as exc:
+        loop = sys.modules.get("flodl_hf.training_loop")  # not imported: the run stopped before training
+        if loop is not None and isinstance(exc, loop.TrainingInterrupted):
+            if not exc.is_main:
+                return 0  # rank 0 reports and sets the exit code
+            print(f"{PROG}: interrupted at step {exc.step} (epoch {exc.epoch}); checkpoint saved. Resume with: "
+                  f"{resume_command(argv, exc.checkpoint_dir)}", file=sys.stderr, flush=True)
+            return 130
+        if loop is not None and isinstance(exc, loop.TrainingDiverged):
+            if not exc.is_main:
+                return 0
+            print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+            return 1
+        raise
     return 0
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
+    from .preflight import check_model_dir, check_texts, check_trained
+
+    check_texts(args.texts)
+    check_model_dir(args.model)
+    check_trained(args.model, args.allow_untrained, "predict")
     head = _load_head(args.model)
     results = head.predict(list(args.texts), top_k=args.top_k)
     if args.json:
@@ -312,16 +345,30 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from .data import load_text_classification
     from .jobs import evaluate_head
 
+    from .ownership import check_output_file, writable_parent
+    from .preflight import check_model_dir, check_trained, model_labels
+
+    if args.json:
+        writable_parent(args.json, "--json")
+        check_output_file(args.json, "--json", inputs=[args.data, args.model])
+    check_model_dir(args.model)
+    check_trained(args.model, args.allow_untrained, "eval")
+    dataset = load_text_classification(args.data, text_column=args.text_column, label_column=args.label_column,
+                                       labels=model_labels(args.model), encoding=args.encoding, limit=args.rows,
+                                       label_fix="the model was trained on those labels only: evaluate on data with "
+                                                 "them (or pick the columns with --label-column)")
     head = _load_head(args.model)
     labels = [str(label) for label in head.labels()]
-    dataset = load_text_classification(args.data, text_column=args.text_column, label_column=args.label_column,
-                                       labels=labels, encoding=args.encoding, limit=args.rows)
     summary = evaluate_head(head, dataset, args.batch_size, progress=not args.no_progress)
     print(f"accuracy={summary['accuracy']:.3f} macro_f1={summary['macro_f1']:.3f} rows={len(dataset)} "
           f"model={args.model} data={args.data}")
     if args.json:
-        summary = dict(summary, model=str(args.model), data=str(args.data), labels=labels)
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        from .atomic import atomic_path
+
+        summary = dict(summary, generator="flodl-hf", kind="eval", model=str(args.model), data=str(args.data), labels=labels)
+        check_output_file(args.json, "--json", inputs=[args.data, args.model])  # again: nothing appeared meanwhile
+        with atomic_path(args.json) as tmp:
+            tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return 0
 
 
@@ -336,14 +383,30 @@ def _verify(path: str, as_json: bool = False) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from .export import export_model_dir
 
-    out = export_model_dir(args.model, args.output, overwrite=args.overwrite)
+    from .ownership import check_disjoint, check_output_dir, writable_parent
+    from .preflight import check_model_dir
+
+    check_model_dir(args.model, tokenizer=args.tokenizer is None)
+    if args.tokenizer is not None:
+        check_model_dir(args.tokenizer, "--tokenizer", tokenizer=False)
+    writable_parent(args.output, "--output")
+    check_output_dir(args.output, args.overwrite, "--output")
+    check_disjoint([("--output", args.output)], [("--model", args.model)]
+                   + ([("--tokenizer", args.tokenizer)] if args.tokenizer else []))
+    out = export_model_dir(args.model, args.output, overwrite=args.overwrite, tokenizer=args.tokenizer)
     print(f"flodl-hf: exported {args.model} to {out}")
     return _verify(str(out))
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from .preflight import check_model_dir
+
+    check_model_dir(args.model, "DIR", tokenizer=False)  # a missing tokenizer is a verify finding, not bad input
     return _verify(args.model, args.json)
 
+
+#: The options that choose where each command writes (named by filesystem errors).
+_WRITE_OPTIONS = {"train": "--output-dir or --checkpoint-dir", "eval": "--json FILE", "export": "--output"}
 
 _COMMANDS = {"train": _cmd_train, "predict": _cmd_predict, "eval": _cmd_eval, "export": _cmd_export,
              "verify": _cmd_verify}
@@ -369,6 +432,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        from .preflight import fs_error_message
+
+        message = fs_error_message(exc, _WRITE_OPTIONS.get(argv[0] if argv else "", "output path"))
+        if message is None:
+            raise
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -26,6 +26,9 @@ from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 __all__ = ["TextDataset", "load_text_classification", "SUPPORTED_SUFFIXES"]
 
 SUPPORTED_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".ndjson")
+#: The most distinct labels a loaded dataset may hold (more means the label column is probably not labels).
+MAX_LABELS = 10_000
+_LABEL_FIX = "fix the row or pass the full label list with --labels"
 
 
 class TextDataset:
@@ -114,27 +117,48 @@ def _decode(raw: bytes, encoding: Optional[str], name: str) -> str:
         try:
             return raw.decode(encoding)
         except LookupError as exc:
-            raise ValueError(f"unknown encoding {encoding!r}: use a Python codec name such as utf-8 or latin-1") \
-                from exc
+            raise ValueError(f"unknown encoding {encoding!r}: pass --encoding a Python codec name such as utf-8 or "
+                             "latin-1") from exc
         except UnicodeDecodeError as exc:
             raise ValueError(f"{name} is not valid {encoding} ({exc.reason} at byte {exc.start}): pass the file's "
-                             "encoding, or leave it unset to try utf-8 then latin-1") from exc
+                             "encoding with --encoding, or leave it out to try utf-8 then latin-1") from exc
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        try:
+            return raw.decode("utf-16")  # a byte-order mark says so
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{name} starts like UTF-16 but is not valid UTF-16 ({exc.reason}): save it as UTF-8, "
+                             "or pass its encoding with --encoding") from exc
+    if b"\x00" in raw[:4096]:
+        raise ValueError(f"{name} holds NUL bytes, so it is binary or UTF-16/32 without a byte-order mark: save it "
+                         "as UTF-8, or pass its encoding with --encoding (e.g. --encoding utf-16-le)")
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         return raw.decode("latin-1")  # never fails: every byte is a latin-1 character
 
 
-def _read_csv(text: str, delimiter: str) -> tuple[list[str], list[dict[str, Any]]]:
-    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
-    columns = [c for c in (reader.fieldnames or []) if c is not None]
-    return columns, list(reader)
+def _read_csv(text: str, delimiter: str, name: str) -> tuple[list[str], list[dict[str, Any]]]:
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+        columns = [c for c in (reader.fieldnames or []) if c is not None]
+        rows = list(reader)
+    except csv.Error as exc:
+        raise ValueError(f"{name} is not a readable {'TSV' if delimiter == chr(9) else 'CSV'} file ({exc}): fix "
+                         "the quoting or the line breaks, or save it as JSON-lines") from exc
+    repeated = sorted({c for c in columns if columns.count(c) > 1})
+    if repeated:
+        raise ValueError(f"{name} has a header that repeats the column(s) {', '.join(map(repr, repeated))}, so "
+                         "which one holds the data is ambiguous: give every column a distinct name")
+    if len(columns) == 1 and ";" in columns[0] and delimiter == ",":
+        raise ValueError(f"{name} looks semicolon-separated (its header is {columns[0][:60]!r}): flodl-hf reads "
+                         "comma-separated .csv and tab-separated .tsv; save it with commas or tabs")
+    return columns, rows
 
 
 def _read_json(text: str, name: str, lines: bool) -> tuple[list[str], list[dict[str, Any]]]:
     if not lines:
         try:
-            data = json.loads(text) if text.strip() else []
+            data = json.loads(text, object_pairs_hook=_distinct_keys(name)) if text.strip() else []
         except json.JSONDecodeError as exc:
             if exc.msg != "Extra data":
                 raise ValueError(f"{name} is not valid JSON: {exc}") from exc
@@ -164,10 +188,22 @@ def _read_json(text: str, name: str, lines: bool) -> tuple[list[str], list[dict[
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            rows.append(json.loads(line, object_pairs_hook=_distinct_keys(f"{name}: line {line_no}")))
         except json.JSONDecodeError as exc:
             raise ValueError(f"{name}: line {line_no} is not valid JSON: {exc.msg}") from exc
     return _columns_of(rows, name), rows
+
+
+def _distinct_keys(name: str) -> Any:
+    """A ``json`` object hook that refuses a repeated key (json would silently keep the last value)."""
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [key for key, _ in pairs]
+        repeated = sorted({key for key in keys if keys.count(key) > 1})
+        if repeated:
+            raise ValueError(f"{name} has an object that repeats the key(s) {', '.join(map(repr, repeated))}, so "
+                             "which value holds the data is ambiguous: give every field once")
+        return dict(pairs)
+    return hook
 
 
 def _columns_of(rows: list, name: str) -> list[str]:
@@ -197,7 +233,8 @@ def _read_saved_dataset(path: Path, split: Optional[str]) -> tuple[list[str], An
             split = splits[0]
         if split not in loaded:
             raise ValueError(f"{path} holds splits {splits}: choose one with split=... (for example "
-                             f"split={splits[0]!r})")
+                             f"split={splits[0]!r}), or on the command line give its directory, e.g. --data "
+                             f"{path / str(splits[0])}")
         loaded = loaded[split]
     return list(loaded.column_names), loaded
 
@@ -219,14 +256,22 @@ def _is_int_text(text: str) -> bool:
     return text.lstrip("-").isdigit()
 
 
+def _is_nan(label: Any) -> bool:
+    if isinstance(label, float):
+        return label != label
+    return isinstance(label, str) and label.strip().lower() in ("nan", "na", "n/a", "null", "none")
+
+
 def load_text_classification(path: Union[str, Path], *, text_column: str = "text", label_column: str = "label",
                              labels: Optional[Sequence[str]] = None, encoding: Optional[str] = None,
-                             limit: Optional[int] = None, split: Optional[str] = None) -> TextDataset:
+                             limit: Optional[int] = None, split: Optional[str] = None,
+                             label_fix: str = _LABEL_FIX) -> TextDataset:
     """Load ``(text, label)`` rows from a CSV / TSV, JSON / JSON-lines file or a saved ``datasets`` directory.
 
     ``labels`` fixes the label names and their order (a row with another label raises); otherwise they are the
     distinct values sorted. ``encoding`` applies to text files (default: utf-8, falling back to latin-1).
-    ``limit`` keeps the first N usable rows. ``split`` picks a split of a saved ``DatasetDict``.
+    ``limit`` keeps the first N usable rows. ``split`` picks a split of a saved ``DatasetDict``. ``label_fix`` is
+    the advice given with a row whose label is not among ``labels`` (callers name their own option).
     See the module docstring for what counts as a dropped row.
     """
     path = Path(path)
@@ -241,8 +286,11 @@ def load_text_classification(path: Union[str, Path], *, text_column: str = "text
             raise ValueError("labels=[] is invalid: give at least one label name, or None to take them from the data")
         duplicates = sorted({label for label in labels if labels.count(label) > 1})
         if duplicates:
-            raise ValueError(f"labels {labels} repeat {duplicates}: give each label name once")
+            raise ValueError(f"labels {labels} repeat {duplicates}: give each label name once (--labels)")
 
+    if text_column == label_column:
+        raise ValueError(f"the text column and the label column are both {text_column!r}: a model would train on "
+                         "the answer; name two different columns with --text-column and --label-column")
     class_names: Optional[list[str]] = None
     if path.is_dir():
         columns, table = _read_saved_dataset(path, split)
@@ -254,7 +302,7 @@ def load_text_classification(path: Union[str, Path], *, text_column: str = "text
                              "or a directory written by datasets' save_to_disk")
         text = _decode(path.read_bytes(), encoding, name)
         if suffix in (".csv", ".tsv"):
-            columns, table = _read_csv(text, "\t" if suffix == ".tsv" else ",")
+            columns, table = _read_csv(text, "\t" if suffix == ".tsv" else ",", name)
         else:
             columns, table = _read_json(text, name, lines=suffix != ".json")
 
@@ -269,6 +317,8 @@ def load_text_classification(path: Union[str, Path], *, text_column: str = "text
     texts: list[str] = []
     raw_labels: list[Any] = []
     row_numbers: list[int] = []
+    blank: list[int] = []
+    nan_rows: list[int] = []
     dropped = 0
     rows = table if not hasattr(table, "select_columns") else table.select_columns([text_column, label_column])
     for row_no, row in enumerate(rows, start=1):
@@ -281,7 +331,11 @@ def load_text_classification(path: Union[str, Path], *, text_column: str = "text
                              f"{text_column!r}; every text must be a string")
         label = row.get(label_column)
         if label is None or (isinstance(label, str) and not label.strip()):
-            raise ValueError(f"{name}: row {row_no} has no label in column {label_column!r}")
+            blank.append(row_no)
+            continue
+        if _is_nan(label):
+            nan_rows.append(row_no)
+            continue
         if isinstance(label, bool) or not isinstance(label, (str, int)):
             raise ValueError(f"{name}: row {row_no} has a {type(label).__name__} label ({label!r:.40}) in column "
                              f"{label_column!r}; use a string name or an integer id")
@@ -290,38 +344,62 @@ def load_text_classification(path: Union[str, Path], *, text_column: str = "text
         row_numbers.append(row_no)
         if limit is not None and len(texts) >= limit:
             break
+    if blank:
+        raise ValueError(f"{name}: {_rows_text(blank)} no label in column {label_column!r}: give every "
+                         "row a label, or remove those rows")
+    if nan_rows:
+        raise ValueError(f"{name}: {_rows_text(nan_rows)} the label NaN in column {label_column!r} (a "
+                         "missing value): give every row a real label, or remove those rows")
     if not texts:
         raise ValueError(f"{name} has no rows with text in column {text_column!r} ({dropped} empty rows)")
 
-    label_ids, names = _map_labels(raw_labels, row_numbers, labels, class_names, name, label_column)
+    label_ids, names = _map_labels(raw_labels, row_numbers, labels, class_names, name, label_column, label_fix)
     return TextDataset(texts, label_ids, names, source=name, dropped=dropped)
 
 
+def _rows_text(rows: list[int], limit: int = 10) -> str:
+    """``row 3 has`` / ``rows 3, 7 and 12 more have``."""
+    if len(rows) == 1:
+        return f"row {rows[0]} has"
+    shown = ", ".join(str(r) for r in rows[:limit])
+    return f"rows {shown}" + (f" and {len(rows) - limit} more" if len(rows) > limit else "") + " have"
+
+
 def _map_labels(raw: list[Any], row_numbers: list[int], labels: Optional[list[str]],
-                class_names: Optional[list[str]], name: str, column: str) -> tuple[list[int], list[str]]:
-    """Label ids and names. Integer labels are ids; string labels are looked up in the (given or sorted) names."""
+                class_names: Optional[list[str]], name: str, column: str,
+                label_fix: str = _LABEL_FIX) -> tuple[list[int], list[str]]:
+    """Label ids and names.
+
+    Without given names, the names are the distinct values seen, sorted (integers numerically), so integer labels
+    ``0/5/100`` give three labels; memory follows the rows, never a label's value. With given names (``labels`` or
+    a saved dataset's ``ClassLabel``), integer labels are ids into them unless every name is itself an integer,
+    in which case they match by name.
+    """
     kinds = {type(v) for v in raw}
-    if kinds == {int}:
-        names = labels or class_names
-        if names is None:
-            if min(raw) < 0:
-                raise ValueError(f"{name}: column {column!r} holds the negative label id {min(raw)}; integer "
-                                 "labels must be ids 0..N-1 (or use label names)")
-            names = [str(i) for i in range(max(raw) + 1)]
+    names = labels or class_names
+    if kinds == {int} and names is not None and not all(_is_int_text(str(n)) for n in names):
         for row_no, value in zip(row_numbers, raw):
             if not 0 <= value < len(names):
                 raise ValueError(f"{name}: row {row_no} has label id {value}, outside the "
                                  f"{len(names)} known labels {list(names)}")
         return list(raw), list(names)
-    # Strings (or a mix: integers are compared by their text, as a CSV would give them).
+    if kinds == {int} and names is None and min(raw) < 0:
+        raise ValueError(f"{name}: column {column!r} holds the negative label id {min(raw)}; integer labels must "
+                         "be >= 0 (or use label names)")
+    # Strings (or integers, compared by their text as a CSV would give them).
     texts = [str(v) for v in raw]
-    names = labels if labels is not None else _natural_sorted(set(texts))
+    if names is None:
+        distinct = set(texts)
+        if len(distinct) > MAX_LABELS:
+            raise ValueError(f"{name}: column {column!r} holds {len(distinct)} distinct labels, more than the "
+                             f"{MAX_LABELS} a classifier here may have: is {column!r} the label column? Choose "
+                             "another with --label-column")
+        names = _natural_sorted(distinct)
     index = {label: i for i, label in enumerate(names)}
     ids = []
     for row_no, value in zip(row_numbers, texts):
         if value not in index:
             raise ValueError(f"{name}: row {row_no} has label {value!r}, which is not one of the "
-                             f"known labels {list(names)}; fix the row or pass the full label list")
+                             f"known labels {list(names)}; {label_fix}")
         ids.append(index[value])
     return ids, list(names)
-

@@ -19,14 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
+from . import ownership
 from .atomic import atomic_dir
+from .ownership import owns_dir
 from .quiet import quiet_transformers
 
 __all__ = ["VerifyReport", "verify_model_dir", "export_model_dir", "check_output_dir", "staged_output_dir",
            "is_flodl_output", "MARKER_FILE", "DEFAULT_VERIFY_SENTENCES"]
 
 #: File that marks a directory as written by flodl-hf (its JSON has ``"generator": "flodl-hf"``).
-MARKER_FILE = "metrics.json"
+MARKER_FILE = ownership.MARKER
 _CARD_FILES = ("README.md", "metrics.json", "loss_curve.png")
 
 DEFAULT_VERIFY_SENTENCES = (
@@ -40,45 +42,35 @@ DEFAULT_VERIFY_SENTENCES = (
 # --- output directories -------------------------------------------------------------------------------------
 
 def is_flodl_output(path: Union[str, Path]) -> bool:
-    """True when ``path`` holds a ``metrics.json`` written by flodl-hf."""
-    marker = Path(path) / MARKER_FILE
-    if not marker.is_file():
-        return False
-    try:
-        return json.loads(marker.read_text(encoding="utf-8")).get("generator") == "flodl-hf"
-    except (OSError, ValueError, AttributeError):
-        return False
+    """True when ``path`` is a directory flodl-hf wrote (its marker, or an earlier version's metrics.json)."""
+    return owns_dir(path)
 
 
-def check_output_dir(path: Union[str, Path], overwrite: bool) -> Path:
-    """Refuse (ValueError) an output path we must not write to; call before any long work."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"output path {path} exists and is a file: choose a directory path")
-    if path.is_dir() and any(path.iterdir()):
-        if not is_flodl_output(path):
-            raise ValueError(f"output directory {path} is not empty and was not written by flodl-hf: "
-                             "choose another --output-dir (flodl-hf never replaces other files)")
-        if not overwrite:
-            raise ValueError(f"output directory {path} already holds a flodl-hf result: pass --overwrite "
-                             "to replace it, or choose another --output-dir")
-    return path
+def check_output_dir(path: Union[str, Path], overwrite: bool, option: str = "--output-dir") -> Path:
+    """Refuse (ValueError) an output path we must not write to; call before any long work (see ``ownership``)."""
+    return ownership.check_output_dir(path, overwrite, option)
 
 
 @contextlib.contextmanager
-def staged_output_dir(path: Union[str, Path], overwrite: bool = False) -> Iterator[Path]:
+def staged_output_dir(path: Union[str, Path], overwrite: bool = False, option: str = "--output-dir") -> Iterator[Path]:
     """Yield an empty temporary directory beside ``path``; on success it replaces ``path`` by renames.
 
     On an exception the temporary directory is removed and ``path`` is untouched. A previous flodl-hf output is
-    replaced only with ``overwrite=True`` (see :func:`check_output_dir`).
+    replaced only with ``overwrite=True`` (see :func:`check_output_dir`). The new directory carries flodl-hf's
+    marker, recording every entry written, so a later ``--overwrite`` can tell them from a user's files.
     """
-    target = check_output_dir(path, overwrite).resolve()
-    with atomic_dir(target, before_swap=lambda: check_output_dir(target, overwrite)) as staging:
-        yield staging  # check_output_dir again before the swap: nothing foreign appeared meanwhile
+    target = check_output_dir(path, overwrite, option).resolve()
+    ownership.remove_stale_temporaries(target.parent, [target.name])
+    holder: list[Path] = []
 
+    def before_swap() -> None:
+        check_output_dir(target, overwrite, option)  # nothing foreign appeared meanwhile
+        staging = holder[0]
+        ownership.write_marker(staging, "output", [p.name for p in staging.iterdir()])
 
-
-
+    with atomic_dir(target, before_swap=before_swap) as staging:
+        holder.append(staging)
+        yield staging
 
 
 # --- verification -------------------------------------------------------------------------------------------
@@ -157,6 +149,11 @@ def verify_model_dir(path: Union[str, Path], *, head_loader: Optional[Callable[[
     except Exception as exc:  # noqa: BLE001 - any loading failure is the verdict, reported in one line
         report.problems.append(f"transformers could not load it: {type(exc).__name__}: {exc}")
         return report
+    from .preflight import TOKENIZER_FILES
+
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        report.problems.append("no tokenizer files (tokenizer.json, vocab.txt, ...): transformers built an empty or "
+                               "default tokenizer")
     model.eval()
     config = model.config
     report.model_type = str(getattr(config, "model_type", ""))
@@ -253,16 +250,19 @@ def _same_tokens(head_enc: dict, enc: Any) -> Optional[bool]:
 
 # --- export ---------------------------------------------------------------------------------------------------
 
-def export_model_dir(source: Union[str, Path], output: Union[str, Path], *, overwrite: bool = False) -> Path:
+def export_model_dir(source: Union[str, Path], output: Union[str, Path], *, overwrite: bool = False,
+                     tokenizer: Optional[Union[str, Path]] = None) -> Path:
     """Re-save ``source`` HF-canonically into ``output``: load it with transformers and ``save_pretrained`` the
-    model (safetensors) and tokenizer; the card, metrics and loss curve are copied along. Written atomically."""
+    model (safetensors) and tokenizer; the card, metrics and loss curve are copied along. Written atomically.
+
+    A ``source`` without tokenizer files is refused unless ``tokenizer`` names a directory to take it from (an
+    export with an empty tokenizer would load and give meaningless predictions)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from .preflight import check_model_dir
+
     source = Path(source)
-    if not source.is_dir():
-        raise FileNotFoundError(f"model directory not found: {source}")
-    if not (source / "config.json").is_file():
-        raise ValueError(f"{source} is not a model directory (no config.json)")
+    check_model_dir(source, tokenizer=tokenizer is None)
     if Path(output).resolve() == source.resolve():
         raise ValueError(f"--output {output} is the model directory itself: choose a new directory")
     with quiet_transformers():
@@ -271,10 +271,11 @@ def export_model_dir(source: Union[str, Path], output: Union[str, Path], *, over
     if missing:
         raise ValueError(f"{source} lacks weights for {len(missing)} key(s) ({_listing(missing)}): an export would "
                          "save freshly initialised values; run `flodl-hf verify` on it for details")
-    tokenizer = AutoTokenizer.from_pretrained(str(source))
-    with staged_output_dir(output, overwrite=overwrite) as staging, quiet_transformers():
+    with quiet_transformers():
+        loaded_tokenizer = AutoTokenizer.from_pretrained(str(tokenizer if tokenizer is not None else source))
+    with staged_output_dir(output, overwrite=overwrite, option="--output") as staging, quiet_transformers():
         model.save_pretrained(str(staging))
-        tokenizer.save_pretrained(str(staging))
+        loaded_tokenizer.save_pretrained(str(staging))
         for name in _CARD_FILES:
             if (source / name).is_file():
                 shutil.copy2(source / name, staging / name)

@@ -1,11 +1,12 @@
-"""Graceful Ctrl-C for a training loop: the first SIGINT asks the loop to stop, a second one aborts at once.
+"""Graceful Ctrl-C (and SIGTERM) for a training loop: the first signal asks the loop to stop, a second aborts.
 
 It exists because a bare ``KeyboardInterrupt`` can land anywhere (mid-backward, mid-collective, mid-write) and
 loses the run. While :class:`GracefulInterrupt` is active, the first SIGINT only sets a flag the loop reads at its
 next optimizer-step boundary, where it can write a checkpoint and stop cleanly; a second SIGINT raises
 ``KeyboardInterrupt`` immediately (the user insists). The previous handler is restored when the block ends, so
 the handler is installed only for the duration of the loop. Outside the main thread (where Python cannot install
-signal handlers) it does nothing and Ctrl-C keeps its usual meaning.
+signal handlers) it does nothing and Ctrl-C keeps its usual meaning. SIGTERM (``kill``, a batch scheduler's
+pre-emption notice) is treated exactly like Ctrl-C: finish the step, write a checkpoint, exit.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from types import FrameType
 from typing import Any, Optional
 
 __all__ = ["GracefulInterrupt"]
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class GracefulInterrupt:
@@ -33,11 +36,12 @@ class GracefulInterrupt:
 
     def __enter__(self) -> "GracefulInterrupt":
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in _SIGNALS}
             self._installed = True
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self._installed:
-            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.SIG_DFL)
+            for sig, previous in self._previous.items():
+                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
             self._installed = False

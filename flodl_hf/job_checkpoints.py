@@ -12,16 +12,25 @@ rules about the checkpoint directory, kept apart from the engine's file format (
   :class:`~flodl_hf.checkpoint.ResumeError` line naming the setting, both values and the fix. The learning rate
   may change on resume (e.g. lower it after a divergence); the output directory and reporting options too.
 - After a successful run the job removes what it wrote there (``checkpoint.pt``, ``runs/``, the directory when
-  left empty), unless ``--keep-checkpoint``.
+  it created it and it is left empty), unless ``--keep-checkpoint``. It deletes or replaces only what the
+  directory's ownership marker records (``flodl_hf.ownership``): a user's files there are never touched.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .checkpoint import CHECKPOINT_FILE, ResumeError
+from . import ownership
+
+#: The engine's checkpoint file name (``flodl_hf.checkpoint.CHECKPOINT_FILE``; not imported: that pulls in torch).
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+def ResumeError(message: str) -> Exception:  # noqa: N802 - builds the engine's exception type lazily
+    from .checkpoint import ResumeError as error
+
+    return error(message)
 
 __all__ = ["checkpoint_dir_for", "check_fresh_checkpoint_dir", "job_plan", "read_job_state", "check_plan",
            "prepare_checkpoints", "resume", "remove_job_checkpoint", "PLAN_FLAGS", "RUNS_DIR"]
@@ -140,11 +149,5 @@ def resume(graph: Any, settings: Any, saved: dict, plan: dict, schedule: Any, sa
 
 def remove_job_checkpoint(directory: Path, runs: bool = True) -> None:
     """Remove what a job wrote in its checkpoint directory: ``checkpoint.pt``, ``runs/`` (when ``runs``), and the
-    directory itself if nothing else is left."""
-    (directory / CHECKPOINT_FILE).unlink(missing_ok=True)
-    if runs:
-        shutil.rmtree(directory / RUNS_DIR, ignore_errors=True)
-    try:
-        directory.rmdir()
-    except OSError:
-        pass  # absent, or holds files that are not ours
+    directory itself if flodl-hf created it and nothing else is left. Only entries its marker records."""
+    ownership.remove_owned(directory, [CHECKPOINT_FILE, RUNS_DIR] if runs else [CHECKPOINT_FILE])

@@ -121,8 +121,8 @@ class TrainSettings:
             _positive_int("train_rows", self.train_rows, 4000)
         if self.eval_rows is not None:
             _positive_int("eval_rows", self.eval_rows, 1000)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed={self.seed!r} is invalid: use an integer, e.g. 0")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed={self.seed!r} is invalid: use an integer from 0 to 2**63-1 (--seed), e.g. 0")
         if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr)
                                              and self.lr > 0):
             raise ValueError(f"lr={self.lr!r} is invalid: use a positive learning rate, e.g. 5e-5")
@@ -180,12 +180,10 @@ def _resolve(settings: TrainSettings) -> _Sources:
     if settings.model is None:
         model_path, base_id, packaged_model = defaults.default_model_path(), defaults.DEFAULT_BASE_MODEL_ID, True
     else:
+        from .preflight import check_model_dir
+
         model_path, base_id, packaged_model = Path(settings.model), None, False
-        if not model_path.is_dir():
-            raise FileNotFoundError(f"model directory not found: {model_path}")
-        if not (model_path / "config.json").is_file():
-            raise ValueError(f"{model_path} is not a model directory (no config.json): give a directory written by "
-                             "save_pretrained, or leave --model out for the packaged MiniLM")
+        check_model_dir(model_path)  # config, weights and tokenizer present, before anything else
     if settings.data is None:
         data_path = defaults.default_corpus_path()
         return _Sources(model_path, base_id, data_path, defaults.DEFAULT_DATASET_NAME,
@@ -203,6 +201,9 @@ def _split(dataset: TextDataset, settings: TrainSettings) -> tuple[TextDataset, 
     if n < 2:
         raise ValueError(f"{dataset.source} has {n} usable row(s): training and evaluation need at least 2")
     n_eval = settings.eval_rows if settings.eval_rows is not None else min(DEFAULT_EVAL_ROWS, max(1, n // 5))
+    if n_eval >= n:
+        raise ValueError(f"cannot hold out {n_eval} of {n} rows for evaluation ({dataset.source}): give --eval-rows "
+                         f"between 1 and {n - 1}, so that rows remain for training")
     train, held_out = dataset.split(n_eval, seed=settings.seed)
     if settings.train_rows is not None:
         train = train.subset(settings.train_rows, seed=settings.seed)
@@ -309,33 +310,40 @@ def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], No
     returns the metrics, the other ranks return ``{"rank": r}``. Raises ``training_loop.TrainingInterrupted``
     after a Ctrl-C (a checkpoint was written) and ``training_loop.TrainingDiverged`` on a NaN/inf loss.
     """
-    import torch
-
-    from . import Trainer
-    from .export import check_output_dir
-    from .job_checkpoints import RUNS_DIR, check_plan, job_plan, prepare_checkpoints, remove_job_checkpoint, resume
-    from .reporting import ScalarBoard, build_metrics, require_tensorboard, write_outputs
-    from .training_loop import LoopOptions, LoopState, run_loop
+    from . import ownership
+    from .job_checkpoints import check_plan, job_plan, prepare_checkpoints, remove_job_checkpoint, resume
+    from .preflight import check_label_order, check_train
+    from .reporting import require_tensorboard
 
     started = time.perf_counter()
     sources = _resolve(settings)
-    check_output_dir(settings.output_dir, settings.overwrite)  # refuse now, not after training
-    checkpoint_dir, saved = prepare_checkpoints(settings)
+    check_train(settings, sources)  # validate first: paths, ownership, model files, devices, disk space
     if settings.report_to == "tensorboard":
         require_tensorboard()
     dataset = load_text_classification(sources.data_path, text_column=sources.text_column,
                                        label_column=sources.label_column, labels=settings.labels,
                                        encoding=sources.encoding)
+    if len(dataset.labels) < 2:
+        raise ValueError(f"{dataset.source} has a single label {dataset.labels} in column {sources.label_column!r}: "
+                         "a classifier needs at least 2 classes; check --label-column, or name every class with "
+                         "--labels")
+    check_label_order(sources.model_path, dataset.labels, settings.labels is not None)
     train_ds, eval_ds = _split(dataset, settings)
     ranks = len(settings.devices) if settings.devices else 1
     if len(train_ds) < ranks * settings.batch_size:
         raise ValueError(f"{len(train_ds)} training rows are fewer than one global batch of "
                          f"{ranks * settings.batch_size} ({ranks} device(s) x batch size {settings.batch_size}): "
                          "lower --batch-size or add rows")
+    checkpoint_dir, saved = prepare_checkpoints(settings)  # reads a --resume checkpoint (torch) after the cheap checks
     plan = job_plan(settings, sources, train_ds.labels, len(settings.devices) if settings.devices else None)
     plan["lr"] = settings.lr
     if saved is not None:
         check_plan(saved["plan"], plan, settings.resume)  # before loading the model
+
+    import torch
+
+    from . import Trainer
+    from .training_loop import LoopState
 
     torch.manual_seed(settings.seed)  # the classifier layer's initialisation
     head = head_cls.from_pretrained(str(sources.model_path), labels=train_ds.labels, max_length=settings.max_length)
@@ -358,11 +366,32 @@ def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], No
         graph.set_scheduler(schedule)
     plan["world_size"] = graph.world_size
     state = resume(graph, settings, saved, plan, schedule, say) if saved is not None else LoopState()
-    if settings.overwrite and main and (saved is None or checkpoint_dir.resolve() != Path(settings.resume).resolve()):
-        remove_job_checkpoint(checkpoint_dir)  # --overwrite: a previous run's checkpoint is replaced
     say(f"flodl-hf: training on {len(train_ds)} rows ({dataset.source}), holding out {len(eval_ds)}; "
         f"{num_labels} labels {train_ds.labels}; {settings.epochs} epoch(s) x {steps} steps")
 
+    if main:
+        if settings.overwrite and (saved is None or checkpoint_dir.resolve() != Path(settings.resume).resolve()):
+            remove_job_checkpoint(checkpoint_dir)  # --overwrite: a previous run's checkpoint (ours only) is replaced
+        ownership.adopt_checkpoint_dir(checkpoint_dir)  # marked ours before anything is written there
+    try:
+        return _train_and_write(settings, sources, head, graph, state, plan, checkpoint_dir, dataset, train_ds,
+                                eval_ds, steps, total, started, say)
+    finally:
+        if main:
+            ownership.release_if_empty(checkpoint_dir)  # a marker alone (nothing saved) is not left behind
+
+
+def _train_and_write(settings: TrainSettings, sources: _Sources, head: Any, graph: Any, state: Any, plan: dict,
+                     checkpoint_dir: Path, dataset: TextDataset, train_ds: TextDataset, eval_ds: TextDataset,
+                     steps: int, total: int, started: float, say: Callable[[str], None]) -> dict:
+    """The loop, the final evaluation and the output directory (rank 0 writes)."""
+    import torch
+
+    from .job_checkpoints import RUNS_DIR, remove_job_checkpoint
+    from .reporting import ScalarBoard, build_metrics, write_outputs
+    from .training_loop import LoopOptions, run_loop
+
+    main = graph.is_main
     board = None
     if settings.report_to == "tensorboard" and main:
         # purge_step hides what an earlier, killed attempt logged from this step on (everything, on a fresh run)

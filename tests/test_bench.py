@@ -120,6 +120,11 @@ def test_output_dir_refuses_foreign_content(tmp_path):
     (other / "results.json").write_text(json.dumps({"tool": "something else"}))
     with pytest.raises(ValueError, match="not a flodl-hf bench output"):
         prepare_output(other)
+    lookalike = tmp_path / "lookalike"
+    lookalike.mkdir()
+    (lookalike / "table.md").write_text("a user's table")  # an output name, but no bench results.json
+    with pytest.raises(ValueError, match="not a flodl-hf bench output"):
+        prepare_output(lookalike)
     ours = tmp_path / "ours"
     ours.mkdir()
     (ours / "results.json").write_text(json.dumps({"tool": "flodl-hf bench"}))

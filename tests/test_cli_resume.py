@@ -21,6 +21,7 @@ from flodl_hf import cli, jobs, reporting
 from flodl_hf.checkpoint import ResumeError
 from flodl_hf.interrupt import GracefulInterrupt
 from flodl_hf.job_checkpoints import check_plan
+from flodl_hf.ownership import write_marker
 from flodl_hf.training_loop import TrainingInterrupted
 from heads import AutoHeadForSequenceClassification
 
@@ -227,6 +228,7 @@ def test_a_fresh_run_refuses_an_unfinished_runs_checkpoint(work, tmp_path, capsy
     out = tmp_path / "out"
     (tmp_path / "out.checkpoint").mkdir()
     (tmp_path / "out.checkpoint" / "checkpoint.pt").write_bytes(b"an unfinished run")
+    write_marker(tmp_path / "out.checkpoint", "checkpoint", ["checkpoint.pt", "runs"])  # an unfinished flodl-hf run
     code = cli.main(small_args(work, out))
     line = error_line(capsys.readouterr().err)
     assert code == 2 and f"continue it with --resume {tmp_path / 'out.checkpoint'}" in line and "--overwrite" in line

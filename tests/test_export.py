@@ -174,7 +174,7 @@ def test_output_dir_rules(tmp_path):
     with staged_output_dir(previous, overwrite=True) as staging:
         _mark(staging)
         (staging / "new.txt").write_text("new")
-    assert sorted(p.name for p in previous.iterdir()) == ["metrics.json", "new.txt"]
+    assert sorted(p.name for p in previous.iterdir()) == [".flodl-hf.json", "metrics.json", "new.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "file", "foreign", "previous"]
 
 

@@ -26,14 +26,14 @@ def prepare_output(directory: str | Path) -> Path:
     if path.is_dir():
         entries = sorted(p.name for p in path.iterdir())
         foreign = [e for e in entries if e not in OUTPUT_FILES]
-        ours = True
+        ours = not entries  # a directory holding only table.md / plot.png may be a user's: refuse it
         if "results.json" in entries:
             try:
                 ours = json.loads((path / "results.json").read_text()).get("tool") == "flodl-hf bench"
             except (OSError, ValueError, AttributeError):
                 ours = False
         if foreign or not ours:
-            shown = ", ".join(foreign[:5]) or "results.json (not written by flodl-hf bench)"
+            shown = ", ".join(foreign[:5]) or (", ".join(entries) + " without a flodl-hf bench results.json")
             raise ValueError(f"--output {path} is not empty and not a flodl-hf bench output (found {shown}): "
                              "give a new or empty directory")
     path.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,243 @@
+"""Validate first: everything a command can check before a model loads or a rank starts, checked then.
+
+It exists so that no run trains for minutes and then fails on something it could have seen at start, and so that
+those checks live in one place rather than in each command. Everything here is plain Python (``torch`` is imported
+only to ask whether a CUDA or MPS device named by ``--devices`` exists), so a refusal costs milliseconds:
+
+* output paths: the parent is a writable directory, the name is short enough and encodable
+  (:func:`flodl_hf.ownership.writable_parent`), ownership and overlap (:mod:`flodl_hf.ownership`);
+* devices supported on this machine;
+* the model directory complete: ``config.json`` (valid JSON with a ``model_type``), a weights file, tokenizer files;
+  and, for ``predict`` / ``eval``, a trained classifier (safetensors keys);
+* disk space for the output and a checkpoint, estimated from the weights' size.
+
+Numbers are checked by the command-line parser's types (``flodl_hf.cli``) and ``TrainSettings``; data columns and
+labels by ``flodl_hf.data``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+__all__ = ["check_model_dir", "classifier_trained", "check_devices", "check_disk_space", "check_texts",
+           "WEIGHT_FILES", "TOKENIZER_FILES"]
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
+                   "sentencepiece.bpe.model", "spm.model")
+
+
+def check_model_dir(path: Any, option: str = "--model", tokenizer: bool = True) -> Path:
+    """Refuse a model directory that is missing, lacks or has a broken config, lacks weights or tokenizer files."""
+    model = Path(path)
+    if not model.exists():
+        raise FileNotFoundError(f"model directory not found: {model}: give an existing directory with {option}")
+    if not model.is_dir():
+        raise ValueError(f"{option} {model} is a file, not a model directory: give the directory that holds "
+                         f"config.json with {option}")
+    config_path = model / "config.json"
+    if not config_path.is_file():
+        raise ValueError(f"{model} is not a model directory (no config.json): give a directory written by "
+                         f"save_pretrained or flodl-hf with {option}")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{config_path} is not valid JSON ({exc.__class__.__name__}): re-save the model, or give "
+                         f"another directory with {option}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise ValueError(f"{config_path} names no model_type: re-save the model with save_pretrained, or give "
+                         f"another directory with {option}")
+    if not any((model / name).is_file() for name in WEIGHT_FILES):
+        raise ValueError(f"no weights file in {str(model)!r}: expected one of {', '.join(WEIGHT_FILES)}; give a "
+                         f"complete model directory with {option}")
+    if tokenizer and not any((model / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"{model} has no tokenizer files (tokenizer.json, vocab.txt, ...): copy the base model's "
+                         f"tokenizer files into it, or give a complete model directory with {option}")
+    return model
+
+
+def _safetensors_keys(path: Path) -> Optional[list[str]]:
+    try:
+        with path.open("rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            if size > 100_000_000:
+                return None
+            header = json.loads(fh.read(size))
+    except (OSError, struct.error, ValueError):
+        return None
+    return [k for k in header if k != "__metadata__"] if isinstance(header, dict) else None
+
+
+def classifier_trained(path: Any) -> Optional[bool]:
+    """Whether the weights of ``path`` hold classifier weights (None: cannot tell without loading them)."""
+    model = Path(path)
+    keys: Optional[list[str]] = None
+    if (model / "model.safetensors").is_file():
+        keys = _safetensors_keys(model / "model.safetensors")
+    elif (model / "model.safetensors.index.json").is_file():
+        try:
+            keys = list(json.loads((model / "model.safetensors.index.json").read_text())["weight_map"])
+        except (OSError, ValueError, KeyError, TypeError):
+            keys = None
+    if keys is None:
+        return None
+    return any(k.startswith("classifier.") or ".classifier." in k or k.startswith("score.") for k in keys)
+
+
+def check_trained(path: Any, allow_untrained: bool, command: str) -> None:
+    """Refuse ``predict`` / ``eval`` on a base checkpoint, whose classifier would be random."""
+    if not allow_untrained and classifier_trained(path) is False:
+        raise ValueError(f"{path} has no trained classifier (it is a base checkpoint): its scores would be random. "
+                         f"Fine-tune it with flodl-hf train first, or pass --allow-untrained to {command} anyway")
+
+
+def check_devices(devices: Optional[Sequence[str]]) -> None:
+    """Refuse CUDA / MPS devices this machine does not have (asks torch only when such a device is named)."""
+    if not devices:
+        return
+    kinds = {str(d).split(":")[0] for d in devices}
+    if not kinds & {"cuda", "mps"}:
+        return
+    import torch
+
+    if "mps" in kinds:
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ValueError("--devices mps: Apple MPS is not available on this machine: use --devices cpu"
+                             + (" or cuda" if torch.cuda.is_available() else ""))
+    if "cuda" in kinds:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"--devices {','.join(devices)}: this machine has no CUDA GPU: use --devices cpu "
+                             "(or cpu,cpu for several ranks)")
+        for device in devices:
+            index = str(device).partition(":")[2]
+            if index and int(index) >= count:
+                raise ValueError(f"--devices {','.join(devices)}: {device} does not exist, this machine has {count} "
+                                 f"GPU(s): name cuda:0 to cuda:{count - 1}")
+
+
+def _weights_bytes(model: Path) -> int:
+    return sum((model / name).stat().st_size for name in WEIGHT_FILES if (model / name).is_file())
+
+
+def check_disk_space(model: Path, targets: Sequence[tuple[str, Path]], checkpoints: bool) -> None:
+    """Refuse when the filesystem of an output cannot hold the model (and, with checkpoints, its optimizer state),
+    estimated from the weights' size."""
+    size = _weights_bytes(model)
+    for option, target in targets:
+        probe = Path(target).absolute()
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        need = size * (4 if checkpoints and option == "--checkpoint-dir" else 1) + 1_000_000
+        try:
+            free = shutil.disk_usage(probe).free
+        except OSError:
+            continue
+        if free < need:
+            raise ValueError(f"{option} {target}: only {free / 1e6:.0f} MB free on its filesystem, and about "
+                             f"{need / 1e6:.0f} MB are needed: free space, or choose another {option}")
+
+
+def check_texts(texts: Sequence[str]) -> None:
+    """Refuse command-line texts that are not valid Unicode (bytes the terminal could not decode)."""
+    for i, text in enumerate(texts, start=1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"TEXT {i} is not valid UTF-8 (the shell passed undecodable bytes): give the texts "
+                             "in UTF-8") from None
+        if not text.strip():
+            raise ValueError(f"TEXT {i} is empty: give non-empty texts to classify")
+
+
+def fs_error_message(exc: OSError, options: str) -> Optional[str]:
+    """One line for a filesystem failure a user can fix (full disk, read-only filesystem), or None."""
+    import errno
+
+    where = f" writing {exc.filename}" if getattr(exc, "filename", None) else ""
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+        return (f"no space left on the device{where}; the previous checkpoint, if any, is intact: free space, or "
+                f"choose another {options}")
+    if exc.errno == errno.EROFS:
+        return f"read-only filesystem{where}: choose a writable {options}"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"permission denied{where}: choose a writable {options}"
+    if exc.errno == errno.ENAMETOOLONG:
+        return f"file name too long{where}: choose a shorter {options}"
+    if exc.errno in (errno.ENOTDIR, errno.EISDIR, errno.ENOENT, errno.EEXIST, errno.ELOOP):
+        return f"{os.strerror(exc.errno).lower()}{where}: check the path, or choose another {options}"
+    return None
+
+
+def is_main_process() -> bool:
+    """Rank 0 of a launched job, or a plain process (the only one that cleans up or marks directories)."""
+    return os.environ.get("RANK", "0") in ("", "0")
+
+
+def check_train(settings: Any, sources: Any) -> Path:
+    """Every refusal of ``flodl-hf train`` that needs neither the data's rows nor the model loaded; returns the
+    checkpoint directory. Call it before anything slow (torch is not imported unless --devices names a GPU)."""
+    from . import ownership
+    from .job_checkpoints import checkpoint_dir_for
+
+    output = Path(settings.output_dir)
+    ownership.writable_parent(output, "--output-dir")
+    ownership.check_output_dir(output, settings.overwrite)
+    checkpoint_dir = checkpoint_dir_for(settings.output_dir, settings.checkpoint_dir, settings.resume)
+    ownership.writable_parent(checkpoint_dir, "--checkpoint-dir")
+    inputs = [("--data", sources.data_path)] + ([] if sources.packaged_model else [("--model", sources.model_path)])
+    ownership.check_disjoint([("--output-dir", output), ("--checkpoint-dir", checkpoint_dir)], inputs)
+    resuming = bool(settings.resume) and checkpoint_dir.resolve() == Path(settings.resume).resolve()
+    if settings.resume and not Path(settings.resume).exists():
+        raise FileNotFoundError(f"--resume {settings.resume}: no such checkpoint directory: pass the directory an "
+                                "interrupted flodl-hf train printed, or start afresh without --resume")
+    ownership.claim_checkpoint_dir(checkpoint_dir, settings.overwrite, resuming, settings.report_to == "tensorboard")
+    if not sources.packaged_model:
+        check_model_dir(sources.model_path)
+    if not sources.packaged_data and not Path(sources.data_path).exists():
+        raise FileNotFoundError(f"data file not found: {sources.data_path}: give an existing file with --data")
+    check_devices(settings.devices)
+    check_disk_space(Path(sources.model_path), [("--output-dir", output), ("--checkpoint-dir", checkpoint_dir)],
+                     checkpoints=settings.checkpoint_every is not None)
+    if is_main_process():
+        for directory in {checkpoint_dir, Path(settings.resume or checkpoint_dir)}:
+            ownership.remove_stale_temporaries(directory, ["checkpoint.pt"])
+        if output.absolute().name:  # an output swap a kill interrupted (.NAME.partial-*, .NAME.old-*)
+            ownership.remove_stale_temporaries(output.absolute().parent, [output.absolute().name])
+    return checkpoint_dir
+
+
+def model_labels(path: Any) -> Optional[list[str]]:
+    """The label names of a model directory's ``config.json`` (``id2label`` in id order), None if absent."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+        id2label = config.get("id2label") or {}
+        return [str(id2label.get(str(i), id2label.get(i))) for i in range(len(id2label))] if id2label else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_label_order(model: Any, labels: Sequence[str], given: bool) -> None:
+    """Refuse labels that name a trained model's classes in another order (each id would mean another class)."""
+    names = model_labels(model)
+    if not names or classifier_trained(model) is not True:
+        return
+    if len(names) != len(labels):
+        where = f"--labels {','.join(labels)}" if given else f"the data's {len(labels)} labels {list(labels)}"
+        raise ValueError(f"--model {model} holds a trained {len(names)}-label classifier ({','.join(names)}), but "
+                         f"{where} give {len(labels)}: fine-tune from the base checkpoint it came from (--model), "
+                         f"or give data with its {len(names)} labels (--labels, --label-column)")
+    if all(n == f"LABEL_{i}" for i, n in enumerate(names)):
+        return
+    if sorted(names) == sorted(labels) and list(names) != list(labels):
+        where = f"--labels {','.join(labels)}" if given else f"the data's sorted labels {list(labels)}"
+        raise ValueError(f"{where} order the classes differently from the model's trained classifier "
+                         f"({','.join(names)}), so every id would mean another class: pass --labels "
+                         f"{','.join(names)}")
