@@ -44,11 +44,8 @@ def _head_class() -> Any:
 
 
 def _load_head(path: str) -> Any:
+    """Load a head from a directory its caller already checked (``preflight.check_model_dir``)."""
     model = Path(path)
-    if not model.is_dir():
-        raise FileNotFoundError(f"model directory not found: {model}")
-    if not (model / "config.json").is_file():
-        raise ValueError(f"{model} is not a model directory (no config.json)")
     return _head_class().from_pretrained(str(model), **_trained_settings(model))
 
 

@@ -12,7 +12,6 @@ leaves a half-written directory; a non-empty directory not written by flodl-hf i
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import shutil
 from dataclasses import dataclass, field

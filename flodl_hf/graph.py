@@ -305,9 +305,7 @@ class Graph:
                 self._handed_over()
                 yield batch
         finally:
-            close = getattr(indices_iter, "close", None)
-            if close is not None:
-                close()
+            indices_iter.close()  # type: ignore[attr-defined]  # a plan generator: forgets unstepped draws
 
     def _prefetched(self, indices_iter: Iterator[list[int]], depth: int) -> Iterator[Any]:
         buffer: queue.Queue = queue.Queue(maxsize=depth)
@@ -358,14 +356,10 @@ class Graph:
             raise ValueError(f"dataset of {total} samples is smaller than one global batch of {global_batch} "
                              f"({self.world_size} rank(s) x batch_size {self._batch_size}): lower batch_size or "
                              "pass drop_last=False in DdpConfig")
-        start = 0
-        if self._resume is not None:
-            resume_epoch, done = self._resume
-            if n < resume_epoch:
-                return  # finished before the checkpoint
-            if n == resume_epoch:
-                start = done
-            self._resume = None
+        start = self._resume_start(n)
+        if start is None:
+            return  # finished before the checkpoint
+        self._resume = None
         perm = epoch_permutation(total, self._seed + n)
         runtime = self._runtime
         partial_last = total % global_batch != 0 and not self.config.drop_last
@@ -390,6 +384,15 @@ class Graph:
         finally:
             if not finished:
                 self._forget_unstepped(n, set(drawn))
+
+    def _resume_start(self, n: int) -> Optional[int]:
+        """The first step of epoch ``n`` still to run after a checkpoint (None: the epoch was already done)."""
+        if self._resume is None:
+            return 0
+        resume_epoch, done = self._resume
+        if n < resume_epoch:
+            return None
+        return done if n == resume_epoch else 0
 
     def _forget_unstepped(self, n: int, drawn: set) -> None:
         """An iterator abandoned mid-epoch: its drawn steps that were never stepped will never be."""
@@ -447,10 +450,5 @@ class EpochPlan:
         return self._graph._plan_indices(self.epoch)
 
     def __len__(self) -> int:
-        graph = self._graph
-        steps = graph.steps_per_epoch()
-        if graph._resume is not None and graph._resume[0] == self.epoch:
-            return max(0, steps - graph._resume[1])
-        if graph._resume is not None and self.epoch < graph._resume[0]:
-            return 0
-        return steps
+        start = self._graph._resume_start(self.epoch)
+        return 0 if start is None else max(0, self._graph.steps_per_epoch() - start)

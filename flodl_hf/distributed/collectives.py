@@ -1,9 +1,7 @@
 """Flattened, bucketed collectives over a module's gradients, parameters and buffers.
 
 It exists so that a window end costs a few large all-reduces instead of one per tensor (hundreds for a
-transformer), and so that the setup-mode window and the manual ``Ddp`` share one implementation. Bucket 0 starts
-with a small metadata region: each window's per-rank timings and counts ride along in the gradient all-reduce,
-so El Che needs no collective of its own.
+transformer), and so that the setup-mode window (``window_grads``) and the manual ``Ddp`` share one bucket layout.
 """
 
 from __future__ import annotations
@@ -13,36 +11,39 @@ from typing import Iterable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["GradBuckets", "broadcast_tensors", "all_reduce_tensors"]
+__all__ = ["GradBuckets", "bucket_layout", "broadcast_tensors", "all_reduce_tensors"]
+
+
+def bucket_layout(numels: Sequence[int], bucket_mb: float, prefix: int = 0
+                  ) -> tuple[list[tuple[int, int]], list[int]]:
+    """Assign tensors of ``numels`` elements to buckets of at most ``bucket_mb`` MiB of float32 (a tensor larger
+    than a bucket gets one of its own). The first bucket starts after ``prefix`` reserved elements. Returns each
+    tensor's (bucket, offset) and every bucket's size."""
+    limit = max(1, int(bucket_mb * 1024 * 1024 / 4))
+    where: list[tuple[int, int]] = []
+    sizes: list[int] = []
+    used, has_tensors = prefix, False
+    for n in numels:
+        if has_tensors and used + n > limit:
+            sizes.append(used)
+            used, has_tensors = 0, False
+        where.append((len(sizes), used))
+        used += n
+        has_tensors = True
+    sizes.append(used)
+    return where, sizes
 
 
 class GradBuckets:
     """Preallocated float32 buffers holding every trainable parameter's gradient, in buckets of bounded size."""
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], device: torch.device, *, bucket_mb: float = 64.0,
-                 meta_len: int = 0) -> None:
+    def __init__(self, params: Iterable[torch.nn.Parameter], device: torch.device, *, bucket_mb: float = 64.0) -> None:
         self.params = [p for p in params if p.requires_grad]
-        self.meta_len = int(meta_len)
-        limit = max(1, int(bucket_mb * 1024 * 1024 / 4))
-        self.layout: list[list[tuple[torch.nn.Parameter, int, int]]] = []  # per bucket: (param, start, numel)
-        sizes: list[int] = []
-        current: list[tuple[torch.nn.Parameter, int, int]] = []
-        used = self.meta_len
-        for p in self.params:
-            n = p.numel()
-            if current and used + n > limit:
-                self.layout.append(current)
-                sizes.append(used)
-                current, used = [], 0
-            current.append((p, used, n))
-            used += n
-        self.layout.append(current)
-        sizes.append(used)
+        where, sizes = bucket_layout([p.numel() for p in self.params], bucket_mb)
+        self.layout: list[list[tuple[torch.nn.Parameter, int, int]]] = [[] for _ in sizes]  # (param, start, numel)
+        for p, (b, start) in zip(self.params, where):
+            self.layout[b].append((p, start, p.numel()))
         self.buffers = [torch.zeros(max(1, s), dtype=torch.float32, device=device) for s in sizes]
-
-    @property
-    def meta(self) -> torch.Tensor:
-        return self.buffers[0][: self.meta_len]
 
     def pack(self, scale: float) -> None:
         """Copy ``grad * scale`` of every parameter into the buffers (zeros where a gradient is missing)."""
@@ -66,10 +67,9 @@ class GradBuckets:
                     p.grad = torch.empty_like(p)
                 p.grad.copy_(value * inv if inv != 1.0 else value)
 
-    def all_reduce(self, first_only: bool = False, skip_first: bool = False) -> None:
+    def all_reduce(self) -> None:
         """SUM all-reduce of the buckets (all launched, then all awaited)."""
-        chosen = self.buffers[:1] if first_only else (self.buffers[1:] if skip_first else self.buffers)
-        works = [dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True) for buf in chosen]
+        works = [dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True) for buf in self.buffers]
         for work in works:
             work.wait()
 

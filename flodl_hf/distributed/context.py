@@ -11,6 +11,7 @@ import atexit
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Optional
@@ -174,7 +175,7 @@ def _join_launched(config: DdpConfig) -> DistContext:
 
 def shutdown() -> None:
     """Close every graph's window, leave the process group, and (on a launching rank 0) reap the child ranks."""
-    global _CONTEXT
+    global _CONTEXT, _SIDE_GROUP
     from .window import close_all  # local import: window imports this module
 
     failure: Optional[BaseException] = None
@@ -188,7 +189,6 @@ def shutdown() -> None:
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
     _CONTEXT = None
-    global _SIDE_GROUP
     _SIDE_GROUP = None
     launch.reap_children()
     if failure is not None:
@@ -223,8 +223,6 @@ def missing_ranks(wait_s: float) -> Optional[list[int]]:
         store.set(f"{_ALIVE_PREFIX}{rank}", "1")
     except Exception:  # noqa: BLE001 - the store lives on rank 0: unreachable means rank 0 is gone
         return [0] if rank != 0 else None
-    import time
-
     deadline = time.monotonic() + max(0.0, wait_s)
     pending = [q for q in range(world) if q != rank]
     while pending:

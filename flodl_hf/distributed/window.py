@@ -41,14 +41,12 @@ from .collectives import broadcast_tensors
 from .context import DistContext, DistributedError, missing_ranks, side_group
 from .window_grads import WindowGrads
 
-__all__ = ["WindowRuntime", "close_all", "mark_failed", "REDUCTIONS"]
+__all__ = ["WindowRuntime", "close_all", "mark_failed"]
 
 _STEP, _FINISHED, _FAILED = 0.0, 1.0, 2.0
-_KIND_WINDOW, _KIND_CLOSE = 0.0, 1.0
-REDUCTIONS = ("mean", "sum")
 # Fixed metadata slots, one per rank each.
-(_COMPUTE, _SAMPLES, _SYNC, _INDEX, _FLAG, _KIND, _DENOM, _REDUCTION, _MICRO, _FRONTIER, _USER) = range(11)
-_SLOTS = 11
+(_COMPUTE, _SAMPLES, _SYNC, _INDEX, _FLAG, _DENOM, _REDUCTION, _FRONTIER, _USER) = range(9)
+_SLOTS = 9
 # Strong references: a runtime must still be able to tell its peers "failed" after the user's objects are gone.
 _OPEN: list["WindowRuntime"] = []
 _PROCESS_FAILED = False
@@ -254,20 +252,16 @@ class WindowRuntime:
         return True
 
     # --- window end ---------------------------------------------------------------------------------------
-    def _fixed_meta(self, flag: float, kind: float) -> torch.Tensor:
+    def _fixed_meta(self, flag: float) -> list[float]:
+        """This rank's entries of the fixed slots (the other ranks' entries are 0 until the SUM all-reduce)."""
         w, r = self.world, self.rank
-        meta = torch.zeros(_SLOTS * w, dtype=torch.float32)
-        meta[_COMPUTE * w + r] = self._compute_s * 1000.0
-        meta[_SAMPLES * w + r] = float(self._samples)
-        meta[_SYNC * w + r] = self._last_sync_ms
-        meta[_INDEX * w + r] = float(self.window_index)
-        meta[_FLAG * w + r] = flag
-        meta[_KIND * w + r] = kind
-        meta[_DENOM * w + r] = float(self._denominator)
-        meta[_REDUCTION * w + r] = 1.0 if self._reduction == "sum" else 0.0
-        meta[_MICRO * w + r] = float(self._micro_batches)
-        meta[_FRONTIER * w + r] = float(self._drawn)
-        meta[_USER * w + r] = float(self._user_flags)
+        meta = [0.0] * (_SLOTS * w)
+        for slot, value in ((_COMPUTE, self._compute_s * 1000.0), (_SAMPLES, float(self._samples)),
+                            (_SYNC, self._last_sync_ms), (_INDEX, float(self.window_index)), (_FLAG, flag),
+                            (_DENOM, float(self._denominator)),
+                            (_REDUCTION, 1.0 if self._reduction == "sum" else 0.0),
+                            (_FRONTIER, float(self._drawn)), (_USER, float(self._user_flags))):
+            meta[slot * w + r] = value
         return meta
 
     def _lost(self, what: str, exc: BaseException) -> DistributedError:
@@ -277,8 +271,8 @@ class WindowRuntime:
         return DistributedError(f"rank {self.rank}: lost contact with the other ranks {what} at window "
                                 f"{self.window_index} ({who}): {exc}")
 
-    def _exchange(self, flag: float, kind: float) -> tuple[torch.Tensor, list[float], list[float]]:
-        self.grads.write_meta(self._fixed_meta(flag, kind))
+    def _exchange(self, flag: float) -> tuple[torch.Tensor, list[float], list[float]]:
+        self.grads.write_meta(self._fixed_meta(flag))
         try:
             dist.all_reduce(self.grads.first_collective(), op=dist.ReduceOp.SUM, group=self.side)
         except Exception as exc:
@@ -331,7 +325,7 @@ class WindowRuntime:
         # The lock keeps a prefetch thread from drawing between the frontier exchange and the new plan's install.
         with self._lock:
             t0 = time.perf_counter()
-            m, presence, trainable = self._exchange(_STEP, _KIND_WINDOW)
+            m, presence, trainable = self._exchange(_STEP)
             self._check(m, _STEP)
             try:
                 self.grads.all_reduce_rest()
@@ -405,7 +399,7 @@ class WindowRuntime:
             _OPEN.remove(self)
         self._reset_window()
         try:
-            m, _, _ = self._exchange(flag, _KIND_CLOSE)
+            m, _, _ = self._exchange(flag)
         except DistributedError:
             if flag == _FAILED:
                 return  # the peers already know; nothing to add

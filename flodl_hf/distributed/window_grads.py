@@ -23,10 +23,12 @@ so tracking the trainable set costs no collective of its own.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
+
+from .collectives import bucket_layout
 
 __all__ = ["WindowGrads"]
 
@@ -39,7 +41,7 @@ class WindowGrads:
         self.params = list(params)
         self.n = len(self.params)
         self.device = device
-        self.limit = max(1, int(bucket_mb * 1024 * 1024 / 4))
+        self.bucket_mb = float(bucket_mb)
         self.meta_fixed = int(meta_fixed)
         self.meta_len = self.meta_fixed + 2 * self.n  # fixed slots, presence[n], requires_grad[n]
         self.meta_in_first_bucket = bool(meta_in_first_bucket)
@@ -52,22 +54,11 @@ class WindowGrads:
     def build(self, layout: Sequence[bool]) -> None:
         """Allocate buckets for the parameters flagged in ``layout`` (same order on every rank)."""
         self.mask = [bool(x) for x in layout]
-        self.where: dict[int, tuple[int, int, int]] = {}  # param index -> (bucket, start, numel)
-        sizes: list[int] = []
-        used = self.meta_len if self.meta_in_first_bucket else 0
-        bucket_has_params = False
-        for i, p in enumerate(self.params):
-            if not self.mask[i]:
-                continue
-            n = p.numel()
-            if bucket_has_params and used + n > self.limit:
-                sizes.append(used)
-                used, bucket_has_params = 0, False
-            self.where[i] = (len(sizes), used, n)
-            used += n
-            bucket_has_params = True
-        if used > 0 or not sizes:
-            sizes.append(used)
+        chosen = [i for i in range(self.n) if self.mask[i]]
+        where, sizes = bucket_layout([self.params[i].numel() for i in chosen], self.bucket_mb,
+                                     prefix=self.meta_len if self.meta_in_first_bucket else 0)
+        # param index -> (bucket, start, numel)
+        self.where = {i: (b, start, self.params[i].numel()) for i, (b, start) in zip(chosen, where)}
         self.buffers = [torch.zeros(max(1, s), dtype=torch.float32, device=self.device) for s in sizes]
 
     # --- metadata ---------------------------------------------------------------------------------------------
@@ -80,15 +71,11 @@ class WindowGrads:
         metadata alone beside NCCL. Its shape is the same for a window end, a finished loop and a failed rank."""
         return self.buffers[0] if self.meta_in_first_bucket else self._meta_cpu
 
-    def write_meta(self, fixed: torch.Tensor) -> None:
+    def write_meta(self, fixed: list[float]) -> None:
         """Fill the metadata region: the fixed per-rank slots, then presence and requires_grad flags."""
-        flags = torch.zeros(2 * self.n, dtype=torch.float32)
-        for i, p in enumerate(self.params):
-            if self.presence[i]:
-                flags[i] = 1.0
-            if p.requires_grad:
-                flags[self.n + i] = 1.0
-        self.meta.copy_(torch.cat([fixed.to(torch.float32), flags]).to(self.meta.device))
+        values = (list(fixed) + [1.0 if present else 0.0 for present in self.presence]
+                  + [1.0 if p.requires_grad else 0.0 for p in self.params])
+        self.meta.copy_(torch.tensor(values, dtype=torch.float32).to(self.meta.device))
 
     def read_meta(self) -> tuple[torch.Tensor, list[float], list[float]]:
         """(fixed slots as float64 on CPU, presence counts, requires_grad counts) after the all-reduce."""
@@ -133,10 +120,10 @@ class WindowGrads:
                 view.add_(flat, alpha=float(weight))
 
     # --- window end -------------------------------------------------------------------------------------------
-    def all_reduce_rest(self, group: Optional[dist.ProcessGroup] = None) -> None:
+    def all_reduce_rest(self) -> None:
         """SUM all-reduce of every gradient bucket not already reduced with the metadata (launched, then awaited)."""
         chosen = self.buffers[1:] if self.meta_in_first_bucket else self.buffers
-        works = [dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True, group=group) for buf in chosen]
+        works = [dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True) for buf in chosen]
         for work in works:
             work.wait()
 
