@@ -23,7 +23,7 @@ from typing import Any, Optional, Sequence
 __all__ = ["Board", "Plan", "Row", "round_ready", "must_wait"]
 
 _ROW = 5  # seq, round, batches, wall_ms, done
-_PLAN_HEAD = 5  # seq, round, static, threshold_ms (-1: count-based), max_ahead (-1: none)
+_PLAN_HEAD = 6  # seq, round, static, threshold_ms (-1: count-based), max_ahead (-1: none), batch_diff (-1: none)
 
 
 @dataclass(frozen=True)
@@ -46,18 +46,21 @@ class Plan:
     threshold_ms: Optional[float] = None
     max_ahead: Optional[int] = None
     static: bool = False
+    batch_diff: Optional[int] = None
 
     def applies_to(self, k: int) -> bool:
         return self.round <= k if self.static else self.round == k
 
 
-def round_ready(plan: Optional[Plan], rows: Sequence[Row], k: int) -> bool:
+def round_ready(plan: Optional[Plan], rows: Sequence[Row], k: int, sync: bool = False) -> bool:
     """True when round ``k`` fires (el-che.md, builder-mode triggers and hold-back rules).
 
     Held back while the plan of round ``k`` is not posted (the previous round is still running) or while a
     taking part rank has run zero batches in the round. A rank already past round ``k`` or done with all its
-    work counts as ready. Otherwise: CADENCE (threshold set) needs ``wall_ms >= threshold`` on every rank;
-    count-based plans (SYNC, ASYNC, CADENCE before calibration) need ``batches >= counts[rank]``.
+    work counts as ready, and so does a rank that :func:`must_wait` holds back (it cannot run another batch
+    before this round fires, so waiting for it to reach the trigger would deadlock). Otherwise: CADENCE
+    (threshold set) needs ``wall_ms >= threshold``; count-based plans (SYNC, ASYNC, CADENCE before calibration)
+    need ``batches >= counts[rank]``.
     """
     if plan is None or not plan.applies_to(k):
         return False
@@ -74,6 +77,8 @@ def round_ready(plan: Optional[Plan], rows: Sequence[Row], k: int) -> bool:
             continue
         if row.batches < 1:
             return False
+        if must_wait(plan, rows, q, sync):
+            continue
         if plan.threshold_ms is not None:
             if row.wall_ms < plan.threshold_ms:
                 return False
@@ -82,19 +87,31 @@ def round_ready(plan: Optional[Plan], rows: Sequence[Row], k: int) -> bool:
     return True
 
 
-def must_wait(plan: Optional[Plan], row: Row, rank: int, sync: bool) -> bool:
+def must_wait(plan: Optional[Plan], rows: Sequence[Row], rank: int, sync: bool) -> bool:
     """True when a worker must not start another batch before the round fires.
 
-    SYNC runs exactly one batch per round (plain synchronous data parallelism). With ``max_batch_diff`` a rank
-    may run at most that many batches beyond its count before it waits.
+    SYNC runs exactly one batch per round (plain synchronous data parallelism). ``max_ahead`` (max_overshoot):
+    at most that many batches beyond the rank's count. ``batch_diff`` (max_batch_diff): at most that many
+    batches more than the slowest taking-part rank in this round. The slowest rank is never held back by
+    ``batch_diff``, and a held-back rank counts as ready in :func:`round_ready`, so no combination deadlocks.
     """
+    row = rows[rank]
     if row.done:
         return False
     if sync:
         return row.batches >= 1
-    if plan is None or plan.max_ahead is None or not plan.applies_to(row.round):
+    if plan is None or not plan.applies_to(row.round):
         return False
-    return row.batches >= plan.counts[rank] + plan.max_ahead
+    if plan.max_ahead is not None and row.batches >= plan.counts[rank] + plan.max_ahead:
+        return True
+    if plan.batch_diff is not None:
+        others = [
+            rows[q].batches for q, on in enumerate(plan.mask)
+            if on and q != rank and rows[q].round == row.round and not rows[q].done
+        ]
+        if others and row.batches >= min(others) + plan.batch_diff:
+            return True
+    return False
 
 
 class Board:
@@ -165,6 +182,7 @@ class Board:
             1.0 if plan.static else 0.0,
             -1.0 if plan.threshold_ms is None else plan.threshold_ms,
             -1.0 if plan.max_ahead is None else plan.max_ahead,
+            -1.0 if plan.batch_diff is None else plan.batch_diff,
         )
         self._write(
             self._plan_at,
@@ -182,6 +200,7 @@ class Board:
             static=v[1] > 0.5,
             threshold_ms=None if v[2] < 0 else v[2],
             max_ahead=None if v[3] < 0 else int(v[3]),
-            counts=tuple(int(c) for c in v[4 : 4 + w]),
-            mask=tuple(m > 0.5 for m in v[4 + w : 4 + 2 * w]),
+            batch_diff=None if v[4] < 0 else int(v[4]),
+            counts=tuple(int(c) for c in v[5 : 5 + w]),
+            mask=tuple(m > 0.5 for m in v[5 + w : 5 + 2 * w]),
         )

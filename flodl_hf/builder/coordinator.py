@@ -8,8 +8,12 @@ milliseconds, and whatever happens the workers are stopped (then terminated, the
 
 Failure policy: an exception in a worker (user code) fails the run with the worker's traceback. A worker that
 dies (killed, crashed) is dropped for good with the CPU backend, its unfinished batches going to the
-survivors; with the collective backend the others cannot continue, so the run fails with ``DistributedError``
-naming it.
+survivors and the batches it ran since its last snapshot reported as lost (``TrainedState.lost_batches``);
+with the collective backend the others cannot continue, so the run fails with ``DistributedError`` naming it.
+
+The CPU backend's averages run on a separate thread (``rounds.Averager``) on shared-memory slots nobody else
+writes at that moment (``slots``), so handing out batches never waits for an average, and rounds close one at a
+time: the plan of round k+1 is posted only once round k's average exists.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from .epochs import EpochBook
 from .guard import AnchorControl, DivergenceGuard
 from .lifecycle import Workers, stop_workers, wait_ready
 from .progress import ProgressBar
-from .rounds import CpuRounds, RoundResult, Snapshot
+from .rounds import AverageJob, Averager, CpuRounds, RoundResult, Snapshot
 from .settings import BuilderSettings
+from .slots import Slots
 from .state import Layout, state_from_flat
 from .types import ApplyPolicy, AverageBackend, EpochMetrics, TrainedState
 from .workpool import WorkPool
@@ -37,6 +42,10 @@ __all__ = ["Coordinator"]
 log = logging.getLogger("flodl_hf.builder")
 _GET_S = 0.02
 _MAX_CHUNK = 4
+
+
+def _clamp(v: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, v))
 
 
 class Coordinator:
@@ -51,6 +60,7 @@ class Coordinator:
         self.events = workers.events
         self.cmds = workers.cmds
         self.board = workers.board
+        self.slots: Optional[Slots] = None
         self.collective = s.backend is AverageBackend.NCCL
         self.sync = s.policy is ApplyPolicy.SYNC
         self.metrics: "queue.Queue[Optional[EpochMetrics]]" = queue.Queue()
@@ -58,6 +68,7 @@ class Coordinator:
         self.result: Optional[TrainedState] = None
         self.error: Optional[BaseException] = None
         self.lost: list[int] = []
+        self.lost_batches: dict[int, int] = {}
         self.live = set(range(self.world))
         self.cancelled = False
         guard = DivergenceGuard(float(s.divergence_threshold)) if s.divergence_guard else None
@@ -69,27 +80,44 @@ class Coordinator:
             max_batch_diff=s.max_batch_diff,
             guard=guard,
         )
+        progressive = getattr(s, "progressive_dispatch", None)
+        self.progressive = (not self.sync) if progressive is None else bool(progressive)
         self.pool = WorkPool(
-            len(s.dataset), int(s.batch_size), int(s.num_epochs), self.world, equal_split=self.sync
+            len(s.dataset), int(s.batch_size), int(s.num_epochs), self.world, equal_split=self.sync,
+            slice_weights=None if (self.sync or self.progressive) else self._slice_weights,
         )
+        total = self.pool.total_batches
+        explicit = getattr(s, "max_overshoot", None)
+        self.overshoot_auto = explicit is None
+        applies = self.progressive and not self.collective and not self.sync
+        self.overshoot: Optional[int] = None
+        if applies:
+            self.overshoot = _clamp(total // 100, 2, 5) if explicit is None else int(explicit)
+        self.overshoot_ceiling = min(15, _clamp(total // 50, 3, 10))
         self.book = EpochBook(int(s.num_epochs), self.pool.batches_per_epoch, self.world, self.devices)
         self.cpu_rounds = CpuRounds(float(s.round_timeout_s))
+        self.averager: Optional[Averager] = None
+        self.averaging = False  # a closed CPU round is being averaged (the next plan waits for it)
         self.collective_rounds: dict[int, dict[int, tuple]] = {}
         self.layout: Optional[Layout] = None
         self.plan: Optional[Plan] = None
         self.plan_deferred = False
         self.rounds = 0
+        self.global_step = 0
         self.divergence: Optional[float] = None
-        self.latest: Optional[tuple] = None  # (params, buffers, others) of the last CPU average
         self.ended: set[int] = set()
+        self.unsent = [0] * self.world  # batches run since the rank's last snapshot (CPU backend)
+        self.batch_ms = [0.0] * self.world
         self.pending_ckpt: list[int] = []
         self.state_requested = False
         self.final_round_done = False
         self.final_state: Any = None
         self.stopping = False
+        self.timeline_on = bool(getattr(s, "timeline", False))
+        self.timeline: list[dict[str, Any]] = []
+        self.t0 = time.time()
         self.bar = ProgressBar(int(s.num_epochs), enabled=bool(s.progress))
-        stall = max(4.0 * float(s.timeout_s), 120.0)
-        self.stall_s = stall
+        self.stall_s = max(4.0 * float(s.timeout_s), 120.0)
 
     # -- thread body -----------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -99,6 +127,8 @@ class Coordinator:
         except BaseException as exc:  # noqa: BLE001 - handed to join()
             self.error = exc
         finally:
+            if self.averager is not None:
+                self.averager.close()
             self._shutdown()
             self.bar.close()
             self.metrics.put(None)
@@ -112,6 +142,12 @@ class Coordinator:
             log.warning("flodl-hf builder: dropped an unreadable worker message (%s)", exc)
             return None
 
+    def _send(self, rank: int, msg: tuple) -> None:
+        try:
+            self.cmds[rank].put(msg)
+        except Exception:  # noqa: BLE001 - a closed queue: that worker is gone, the liveness check drops it
+            pass
+
     def _startup(self) -> None:
         ready = wait_ready(self.workers, self._get, lambda: self.cancelled)
         self.layout = ready[0][2]
@@ -123,10 +159,12 @@ class Coordinator:
                     "on every device"
                 )
         init = ready[0][4]
-        if init is not None:
-            self.latest = (init[0], init[1], {})
+        if not self.collective:  # allocated once; from here on averages move no tensor through a queue
+            self.slots = Slots(self.world, self.layout.param_numel + self.layout.buffer_numel)
+            self.averager = Averager(self.slots, self._send, self._state_from_vector)
         for r in range(self.world):
-            self.cmds[r].put(("start", init if r != 0 else None))
+            self._send(r, ("start", init if r != 0 else None, self.slots))
+        self.t0 = time.time()
         self.book.restart_clock()
         self._post_plan(0)
         for r in range(self.world):
@@ -134,6 +172,10 @@ class Coordinator:
         log.info("flodl-hf builder: %d workers started (%s)", self.world, self.anchor.el.describe())
 
     # -- plans and dispatch ----------------------------------------------------------------------------------
+    def _slice_weights(self) -> list[float]:
+        counts = self.anchor.counts()
+        return [float(counts[r]) if r in self.live else 0.0 for r in range(self.world)]
+
     def _post_plan(self, k: int) -> None:
         mask = tuple(r in self.live for r in range(self.world))
         if self.sync:
@@ -147,7 +189,8 @@ class Coordinator:
                 counts=tuple(self.anchor.counts()),
                 mask=mask,
                 threshold_ms=threshold,
-                max_ahead=self.s.max_batch_diff,
+                max_ahead=self.overshoot,
+                batch_diff=self.s.max_batch_diff,
             )
         self.plan = plan
         self.plan_deferred = False
@@ -161,18 +204,20 @@ class Coordinator:
         return max(1, min(_MAX_CHUNK, counts[rank] // max(1, slowest)))
 
     def _top_up(self, rank: int) -> None:
-        """Keep a rank supplied: it holds its current batch plus at least one more (progressive dispatch)."""
+        """Keep a rank supplied: it holds two chunks beyond its current batch, so it never waits for the
+        dispatch thread (progressive dispatch; a slice-per-epoch pool hands out its slice the same way)."""
         if rank not in self.live:
             return
-        while self.pool.held(rank) <= 1:
-            items = self.pool.take(rank, self._chunk(rank))
+        chunk = self._chunk(rank)
+        while self.pool.held(rank) <= 2 * chunk:
+            items = self.pool.take(rank, chunk)
             if not items:
                 if rank not in self.ended:
                     self.ended.add(rank)
-                    self.cmds[rank].put(("end",))
+                    self._send(rank, ("end",))
                 return
             self.ended.discard(rank)
-            self.cmds[rank].put(("work", items))
+            self._send(rank, ("work", items))
 
     # -- main loop -------------------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -185,6 +230,8 @@ class Coordinator:
             if msg is not None:
                 last_event = now
                 self._handle(msg)
+            if self.averager is not None:
+                self._collect_averages()
             if now - last_check >= 0.05 or msg is None:
                 last_check = now
                 self._check_workers()
@@ -195,24 +242,40 @@ class Coordinator:
                     f"no worker reported anything for {self.stall_s:.0f} s: stopping the run"
                 )
 
+    def _event(self, kind: str, rank: Optional[int], t0: float, t1: float, **extra: Any) -> None:
+        if self.timeline_on:
+            self.timeline.append({"kind": kind, "rank": rank, "start": t0 - self.t0, "end": t1 - self.t0, **extra})
+
     def _handle(self, msg: tuple) -> None:
         kind, rank = msg[0], msg[1]
         if kind == "batch":
-            _, _, epoch, b, loss, samples, _wall, scalars = msg
+            _, _, epoch, b, loss, samples, wall, scalars = msg
+            self.batch_ms[rank] = float(wall)
             if self.pool.complete(rank, (epoch, b)):
+                self.unsent[rank] += 1
                 self.book.record(rank, epoch, loss, samples, scalars)
                 self._top_up(rank)
                 self._emit_epochs()
-                if self.plan_deferred:
+                if self.plan_deferred and not self.averaging:
                     self._post_plan(self.cpu_rounds.current)
         elif kind == "snap":
-            _, r, k, batches, wall, sync_ms, done, params, buffers, others = msg
-            self.cpu_rounds.add(Snapshot(r, k, batches, wall, sync_ms, done, params, buffers, others))
+            _, r, k, batches, samples, wall, sync_ms, done, others, present = msg
+            self.unsent[r] = 0
+            snap = Snapshot(r, k, batches, samples, wall, sync_ms, done, others, present)
+            if not self.cpu_rounds.add(snap):
+                self.global_step += batches  # a late snapshot: its batches ran, its round closed without it
             self._maybe_close_cpu_round()
         elif kind == "round":
             self._collective_round(msg)
         elif kind == "state":
-            self._collective_state(msg[3], msg[4])
+            _, r, _k, flat, others, final = msg
+            self._state_arrived(self._state_from_vector(flat, others), final)
+        elif kind == "port":
+            for q in range(1, self.world):
+                self._send(q, ("port", msg[2]))
+        elif kind == "tl":
+            _, r, what, t0, t1, extra = msg
+            self._event(what, r, t0, t1, **extra)
         elif kind == "error":
             dead = self._dead_peer(rank) if self.collective else None
             if dead is not None:  # the collective failed *because* a peer died: name the dead one
@@ -230,13 +293,33 @@ class Coordinator:
             every = self.s.checkpoint_every
             if every and ((m.epoch + 1) % every == 0 or m.epoch + 1 == self.s.num_epochs):
                 self.pending_ckpt.append(m.epoch)
-                if self.collective and not self.state_requested and m.epoch + 1 < self.s.num_epochs:
-                    self.state_requested = True
-                    self.cmds[0].put(("want_state",))
+                if m.epoch + 1 < self.s.num_epochs:
+                    self._request_state()
             self.bar.update(m)
             if self.s.metrics_fn is not None:
                 self.s.metrics_fn(m)
             self.metrics.put(m)
+
+    def _request_state(self) -> None:
+        """A checkpoint needs the model: the collective backend and SYNC ask a worker (replicas are averaged
+        or identical there); the CPU backend's next average builds it."""
+        if (self.collective or self.sync) and not self.state_requested:
+            self.state_requested = True
+            self._send(min(self.live), ("want_state",))
+
+    def _state_from_vector(self, flat: Any, others: dict) -> Any:
+        if self.layout is None:  # pragma: no cover - a worker is ready before any state exists
+            raise RuntimeError("no layout yet")
+        n = self.layout.param_numel
+        return state_from_flat(self.layout, flat[:n], flat[n:], others)
+
+    def _state_arrived(self, state: Any, final: bool) -> None:
+        """A worker's model: for pending checkpoints, and the result after the final round."""
+        self.state_requested = False
+        self._write_checkpoints(state)
+        if final or (self.final_round_done and not self.collective):
+            self.final_state = state
+            self._try_finish()
 
     # -- collective backend ----------------------------------------------------------------------------------
     def _collective_round(self, msg: tuple) -> None:
@@ -247,25 +330,25 @@ class Coordinator:
             return
         del self.collective_rounds[k]
         self.rounds += 1
+        self.global_step += sum(v[0] for v in got.values())
         self.divergence = max(v[3] for v in got.values())
+        now = time.time()
+        self._event("average", None, now, now, round=k, ranks=sorted(got), global_step=self.global_step)
         wall_ms = [got[q][1] for q in range(self.world)]
         work = [got[q][0] for q in range(self.world)]
         sync = sum(v[2] for v in got.values()) / self.world
-        self.anchor.report(wall_ms, work, sync, self.divergence)
+        self._report(wall_ms, work, sync, self.divergence)
         if any(v[4] for v in got.values()):
             self.final_round_done = True
             self._try_finish()
         else:
             self._post_plan(k + 1)
 
-    def _collective_state(self, state: Any, final: bool) -> None:
-        """Rank 0's averaged state after a round: for pending checkpoints, and the result after the final
-        round."""
-        self.state_requested = False
-        self._write_checkpoints(state)
-        if final:
-            self.final_state = state
-            self._try_finish()
+    def _report(self, wall_ms: list, work: list, sync: float, divergence: Optional[float]) -> None:
+        verdict = self.anchor.report(wall_ms, work, sync, divergence)
+        if (self.s.policy is ApplyPolicy.ASYNC and self.overshoot is not None and self.overshoot_auto
+                and verdict == "ok" and divergence is not None):
+            self.overshoot = min(self.overshoot_ceiling, self.overshoot + 1)
 
     def _try_finish(self) -> None:
         # Rank 0's final state may overtake another worker's last batch reports (each worker's queue feeder
@@ -279,49 +362,78 @@ class Coordinator:
         mask = self.plan.mask if self.plan is not None else (True,) * self.world
         return {r for r in self.live if mask[r]}
 
+    def _round_timeout(self) -> float:
+        """The setting, but never less than three of the slowest rank's batches: a worker answers between
+        batches, so one long batch must not get it left out."""
+        slowest = max((self.batch_ms[r] for r in self.live), default=0.0) / 1000.0
+        return max(float(self.s.round_timeout_s), 3.0 * slowest + 1.0)
+
     def _maybe_close_cpu_round(self) -> None:
-        if self.collective or self.stopping:
+        if self.collective or self.stopping or self.averaging or self.averager is None:
             return
         expected = self._expected()
-        if not self.cpu_rounds.ready(expected):
+        if not self.cpu_rounds.ready(expected, timeout_s=self._round_timeout()):
             return
-        result = self.cpu_rounds.close(expected)
-        self._apply_cpu_round(result)
-
-    def _apply_cpu_round(self, res: RoundResult) -> None:
+        res = self.cpu_rounds.close(expected)
         if res.left_out:
             log.warning(
-                "flodl-hf builder: workers %s did not answer round %d within %.1f s: left out of it",
-                res.left_out,
-                res.round,
-                self.s.round_timeout_s,
+                "flodl-hf builder: workers %s did not answer round %d within %.1f s: left out of it (their "
+                "window's batches are not in this average)",
+                res.left_out, res.round, self._round_timeout(),
             )
-        for r in sorted(self.live):
-            self.cmds[r].put(("avg", res.round, res.params, res.buffers))
+        self.global_step += res.batches
+        final = res.all_done and self.pool.all_complete()
+        want_state = bool(self.pending_ckpt or final) and not self.sync
+        self.averaging = True
+        assert self.averager is not None and self.layout is not None  # noqa: S101
+        self.averager.submit(AverageJob(
+            result=res, sync=self.sync, n_weighted=self.layout.param_numel, global_step=self.global_step,
+            final=final, recipients=sorted(self.live), want_state=want_state,
+        ))
+        self._event("close", None, time.time(), time.time(), round=res.round, ranks=res.participants)
+
+    def _collect_averages(self) -> None:
+        assert self.averager is not None  # noqa: S101
+        while True:
+            try:
+                job, divergence, state = self.averager.done.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(divergence, BaseException):
+                raise RuntimeError(f"averaging round {job.result.round} failed: {divergence}") from divergence
+            self.averaging = False
+            self._apply_cpu_round(job, float(divergence), state)
+            if self.stopping:
+                return
+
+    def _apply_cpu_round(self, job: AverageJob, divergence: float, state: Any) -> None:
+        res = job.result
         self.rounds += 1
-        self.divergence = res.divergence
-        self.latest = (res.params, res.buffers, res.others)
+        now = time.time()
+        self._event("average", None, now, now, round=res.round, ranks=res.participants,
+                    global_step=job.global_step)
+        if not self.sync:
+            self.divergence = divergence
         wall = [res.snapshots[r].wall_ms if r in res.snapshots else 0.0 for r in range(self.world)]
         work = [res.snapshots[r].batches if r in res.snapshots else 0 for r in range(self.world)]
         sync = sum(s.sync_ms for s in res.snapshots.values()) / len(res.snapshots)
-        self.anchor.report(wall, work, sync, res.divergence)
-        final = res.all_done and self.pool.all_complete()
-        if self.pending_ckpt or final:  # rebuilding the state dict copies the model: only when needed
-            state = self._cpu_state()
+        self._report(wall, work, sync, None if self.sync else divergence)
+        if state is not None:
             self._write_checkpoints(state)
-            if final:
-                self._finish(state)
-                return
+        if job.final:
+            self.final_round_done = True
+            if state is not None:
+                self.final_state = state
+                self._try_finish()
+            else:  # SYNC: the replicas are identical; ask one for the model
+                self._request_state()
+            return
+        if self.pending_ckpt and self.sync:
+            self._request_state()
         if res.all_done:  # everyone idle but work is still out (a silent worker holds it): wait for news
             self.plan_deferred = True
             return
         self._post_plan(res.round + 1)
-
-    def _cpu_state(self) -> Any:
-        if self.latest is None or self.layout is None:  # pragma: no cover - a round always precedes this
-            raise RuntimeError("no average exists yet")
-        params, buffers, others = self.latest
-        return state_from_flat(self.layout, params, buffers, others)
 
     # -- failures --------------------------------------------------------------------------------------------
     @staticmethod
@@ -368,21 +480,23 @@ class Coordinator:
     def _drop(self, rank: int, how: str) -> None:
         self.live.discard(rank)
         self.lost.append(rank)
+        lost = self.unsent[rank]
+        self.lost_batches[rank] = lost
         moved = self.pool.drop(rank)
         log.warning(
-            "flodl-hf builder: worker %d (%s) died (%s): dropped for good; %d unfinished batches go to the "
-            "survivors %s",
-            rank,
-            self.devices[rank],
-            how,
-            moved,
-            sorted(self.live),
+            "flodl-hf builder: worker %d (%s) died (%s): dropped for good; the %d batches it ran since its last "
+            "snapshot are lost; %d unfinished batches go to the survivors %s",
+            rank, self.devices[rank], how, lost, moved, sorted(self.live),
         )
         if not self.live:
             raise DistributedError(
                 f"every worker died (the last: worker {rank}, {how}): nothing left to train"
             )
-        self._post_plan(self.cpu_rounds.current)  # the same round, without the lost rank
+        if self.state_requested and (self.sync or self.collective):
+            self.state_requested = False
+            self._request_state()
+        if not self.averaging:
+            self._post_plan(self.cpu_rounds.current)  # the same round, without the lost rank
         for r in sorted(self.live):
             self._top_up(r)
         self._maybe_close_cpu_round()
@@ -415,6 +529,8 @@ class Coordinator:
             rounds=self.rounds,
             epochs=self.book.epochs_done,
             el_che=self.anchor.el.state_dict(),
+            lost_batches=dict(self.lost_batches),
+            global_step=self.global_step,
         )
         self.stopping = True
 

@@ -46,6 +46,13 @@ class DdpHandle:
         """Every ``EpochMetrics`` emitted so far, whether or not it was read with ``next_metrics``."""
         return list(self._runner.history)
 
+    def timeline(self) -> list[dict]:
+        """Per-rank events (``.timeline(True)``): ``{"kind", "rank", "start", "end", ...}`` in seconds since
+        training started; kinds ``batch`` (with epoch, batch, lr, step), ``sync``, ``apply``, ``wait`` (a
+        throttle), and the coordinator's ``close`` / ``average`` (rank None). Plot with
+        ``flodl_hf.builder.timeline.plot_timeline``."""
+        return list(getattr(self._runner, "timeline", []))
+
     @property
     def worker_pids(self) -> list[Optional[int]]:
         """Process ids of the workers (empty for a single-device run)."""

@@ -17,7 +17,6 @@ from ..distributed.context import DistributedError
 from .board import Board
 from .settings import BuilderSettings
 from .step import Recipe
-from .types import AverageBackend
 
 __all__ = ["Workers", "start_workers", "wait_ready", "stop_workers"]
 
@@ -42,7 +41,6 @@ def start_workers(s: BuilderSettings, recipe: Recipe, devices: list[str]) -> Wor
     """Start one worker process per device (``s.start_method``); ValueError if they cannot be started."""
     import torch.multiprocessing as tmp
 
-    from ..distributed.launch import free_port
     from .worker import WorkerSpec, worker_main
 
     world = len(devices)
@@ -57,11 +55,12 @@ def start_workers(s: BuilderSettings, recipe: Recipe, devices: list[str]) -> Wor
         speeds=speeds,
         policy=s.policy.value,
         backend=s.backend.value,
-        port=free_port() if s.backend is AverageBackend.NCCL else 0,
+        port=0,  # the collective backend's rank 0 binds a free port itself and publishes it
         timeout_s=float(s.timeout_s),
         startup_timeout_s=max(120.0, float(s.timeout_s)),
         threads=max(1, (os.cpu_count() or 1) // max(1, n_cpu)),
         parent_pid=os.getpid(),
+        timeline=bool(getattr(s, "timeline", False)),
     )
     board = Board.create(world, ctx)
     events = ctx.Queue()

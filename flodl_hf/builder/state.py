@@ -128,9 +128,96 @@ class ModelState:
     def load_buffers(self, flat: torch.Tensor) -> None:
         self._load(self.buffers, flat)
 
+    # -- in place, against flat float32 vectors laid out [params | buffers] (no full-model temporaries) --------
+    @property
+    def numel(self) -> int:
+        return self.layout.param_numel + self.layout.buffer_numel
+
+    @torch.no_grad()
+    def write_flat(self, dst: torch.Tensor) -> None:
+        """Copy every parameter, then every floating buffer, into ``dst`` (in place)."""
+        offset = 0
+        for t in [*self.params, *self.buffers]:
+            n = t.numel()
+            dst[offset : offset + n].copy_(t.detach().reshape(-1))
+            offset += n
+
+    @torch.no_grad()
+    def load_flat(self, src: torch.Tensor) -> None:
+        """Parameters and buffers from ``src`` ([params | buffers])."""
+        offset = 0
+        for t in [*self.params, *self.buffers]:
+            n = t.numel()
+            t.copy_(src[offset : offset + n].view(t.shape))
+            offset += n
+
+    @torch.no_grad()
+    def apply_delta(self, avg: torch.Tensor, snap: torch.Tensor) -> None:
+        """``p += avg - snap`` for every parameter (keeps the local progress made since the snapshot); buffers
+        take the average as is. Two in-place passes per tensor: no temporary the size of the model."""
+        offset = 0
+        for t in self.params:
+            n = t.numel()
+            t.add_(avg[offset : offset + n].view(t.shape).to(t.device))
+            t.sub_(snap[offset : offset + n].view(t.shape).to(t.device))
+            offset += n
+        for t in self.buffers:
+            n = t.numel()
+            t.copy_(avg[offset : offset + n].view(t.shape))
+            offset += n
+
+    @torch.no_grad()
+    def write_grads(self, dst: torch.Tensor, weight: float) -> list[bool]:
+        """``weight * grad`` of every parameter (zeros where it has none), then the buffers, into ``dst``;
+        returns which parameters had a gradient."""
+        offset, present = 0, []
+        for t in self.params:
+            n = t.numel()
+            view = dst[offset : offset + n]
+            if t.grad is None:
+                view.zero_()
+                present.append(False)
+            else:
+                view.copy_(t.grad.detach().reshape(-1))
+                if weight != 1.0:
+                    view.mul_(weight)
+                present.append(True)
+            offset += n
+        for t in self.buffers:
+            n = t.numel()
+            dst[offset : offset + n].copy_(t.detach().reshape(-1))
+            offset += n
+        return present
+
+    @torch.no_grad()
+    def load_grads(self, src: torch.Tensor, present: Sequence[bool]) -> None:
+        """Gradients from ``src`` (None where no rank had one, as on one device), buffers as is."""
+        offset = 0
+        for t, has in zip(self.params, present, strict=True):
+            n = t.numel()
+            if has:
+                value = src[offset : offset + n].view(t.shape)
+                if t.grad is None:
+                    t.grad = value.to(device=t.device, dtype=t.dtype).clone()
+                else:
+                    t.grad.copy_(value)
+            else:
+                t.grad = None
+            offset += n
+        for t in self.buffers:
+            n = t.numel()
+            t.copy_(src[offset : offset + n].view(t.shape))
+            offset += n
+
     def other_values(self) -> dict[str, torch.Tensor]:
         """Non-floating buffers, as CPU copies."""
         return {k: v.detach().to("cpu").clone() for k, v in self.others.items()}
+
+    def flat_state(self) -> torch.Tensor:
+        """A new CPU float32 vector [params | buffers]: one tensor to send, whatever the number of tensors."""
+        out = torch.empty(self.numel, dtype=torch.float32)
+        self.write_flat(out)
+        return out
 
     def state_dict_cpu(self) -> "OrderedDict[str, torch.Tensor]":
         return state_from_flat(self.layout, self.flat_params(), self.flat_buffers(), self.other_values())

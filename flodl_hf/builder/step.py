@@ -4,6 +4,12 @@ It exists so that what happens to a batch is written once: collate the epoch's s
 permutation, move it to the device, call the user's ``train_fn``, backward, clip, optimizer step, LR
 scheduler, time it, and (SIMULATION only) stretch the time to ``compute / speed`` by sleeping, as if the
 device were slower. :class:`Recipe` is the picklable bundle of what a worker needs to build its replica.
+
+The LR schedule follows the GLOBAL step (seed-builder.md): the batches every device has run, counted at the
+last average, plus this replica's batches since. :class:`GlobalSchedule` drives the user's scheduler there, so
+a transformers warmup-and-decay schedule sized for one device gives every replica the same LR at the same
+global progress and ends at 0. Under SYNC the step is split: ``backward`` first, then, after the gradients are
+averaged, ``apply_step``.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import torch
 from ..partition import epoch_permutation
 from .scalars import ScalarSink
 
-__all__ = ["Recipe", "Replica", "build_replica", "to_device"]
+__all__ = ["Recipe", "Replica", "GlobalSchedule", "build_replica", "to_device", "unwrap_model"]
 
 
 @dataclass
@@ -61,8 +67,42 @@ def to_device(obj: Any, device: torch.device) -> Any:
     return obj
 
 
+class GlobalSchedule:
+    """The user's LR scheduler, stepped to a global step (it only moves forward, one ``step()`` at a time, so
+    closed-form and chainable schedulers alike give what one device would at that step)."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.at = 0
+
+    def advance_to(self, step: int) -> None:
+        if self.scheduler is None:
+            self.at = max(self.at, int(step))
+            return
+        while self.at < step:
+            self.scheduler.step()
+            self.at += 1
+
+
+def unwrap_model(obj: Any) -> torch.nn.Module:
+    """The ``nn.Module`` a model factory's result trains: itself, or a task head's ``graph().module``."""
+    if isinstance(obj, torch.nn.Module):
+        return obj
+    graph = getattr(obj, "graph", None)
+    if callable(graph):
+        module = getattr(graph(), "module", None)
+        if isinstance(module, torch.nn.Module):
+            return module
+    raise TypeError(
+        f"model_factory must return a torch.nn.Module or a task head from heads/ (an object whose "
+        f".graph().module is the model), got {type(obj).__name__}"
+    )
+
+
 class Replica:
-    """A model, its optimizer and scheduler on one device, and the batch loop body."""
+    """A model, its optimizer and scheduler on one device, and the batch loop body.
+
+    ``target`` is what ``train_fn`` receives: the module, or the task head the factory returned."""
 
     def __init__(
         self,
@@ -72,17 +112,22 @@ class Replica:
         scheduler: Any,
         device: torch.device,
         speed: float = 1.0,
+        target: Any = None,
     ) -> None:
         self.recipe = recipe
         self.model = model
+        self.target = model if target is None else target
         self.optimizer = optimizer
         self.scheduler = scheduler
+        self.schedule = GlobalSchedule(scheduler)
         self.device = device
         self.speed = float(speed)
         self.sink = ScalarSink()
         self._perms: dict[int, torch.Tensor] = {}
         self._epochs_started: set[int] = set()
-        self._collate = recipe.collate_fn or torch.utils.data.default_collate
+        from .data import collate as default_collate
+
+        self._collate = recipe.collate_fn or default_collate
         self._n = len(recipe.dataset)
 
     def indices(self, epoch: int, batch: int) -> list[int]:
@@ -95,18 +140,20 @@ class Replica:
         b = self.recipe.batch_size
         return perm[batch * b : (batch + 1) * b].tolist()
 
-    def run(self, epoch: int, batch: int) -> tuple[float, int, float, dict[str, list[float]]]:
-        """Train on one batch: returns (loss, samples, wall ms, recorded scalars). The wall time includes the
-        simulated slowdown, if any."""
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def backward(self, epoch: int, batch: int) -> tuple[float, int, float, dict[str, list[float]]]:
+        """Forward and backward on one batch (no optimizer step): (loss, samples, compute ms, scalars)."""
         if epoch not in self._epochs_started:
             self._epochs_started.add(epoch)
             if self.recipe.epoch_fn is not None:
-                self.recipe.epoch_fn(epoch, self.model)
+                self.recipe.epoch_fn(epoch, self.target)
         idx = self.indices(epoch, batch)
         start = time.perf_counter()
         data = to_device(self._collate([self.recipe.dataset[i] for i in idx]), self.device)
         with self.sink:
-            loss = self.recipe.train_fn(self.model, data)
+            loss = self.recipe.train_fn(self.target, data)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise TypeError(
                 f"train_fn must return the loss as a one-element tensor, got {type(loss).__name__}"
@@ -118,32 +165,50 @@ class Replica:
                 "output (and do not call backward or step yourself; the builder does)"
             )
         loss.backward()
+        value = float(loss.detach())  # also waits for the device
+        return value, len(idx), (time.perf_counter() - start) * 1000.0, self.sink.take()
+
+    def apply_step(self, advance: bool = True) -> None:
+        """Clip, optimizer step, zero the gradients, and (``advance``) one local step of the schedule."""
         if self.recipe.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.recipe.max_grad_norm)
         self.optimizer.step()
-        if self.scheduler is not None:
-            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        value = float(loss.detach())  # also waits for the device
+        if advance:
+            self.schedule.advance_to(self.schedule.at + 1)
+
+    def stretch(self, compute_ms: float) -> float:
+        """SIMULATION: a device ``speed`` times as fast would take compute / speed; returns the wall ms."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        compute = time.perf_counter() - start
-        if self.speed < 1.0:  # SIMULATION: a device `speed` times as fast would take compute / speed
-            time.sleep(compute * (1.0 / self.speed - 1.0))
-        wall_ms = (time.perf_counter() - start) * 1000.0
-        return value, len(idx), wall_ms, self.sink.take()
+        if self.speed < 1.0:
+            time.sleep(compute_ms / 1000.0 * (1.0 / self.speed - 1.0))
+            return compute_ms / self.speed
+        return compute_ms
+
+    def run(self, epoch: int, batch: int) -> tuple[float, int, float, dict[str, list[float]]]:
+        """Train on one batch (local SGD step): returns (loss, samples, wall ms, recorded scalars). The wall time
+        includes the simulated slowdown, if any."""
+        start = time.perf_counter()
+        loss, samples, _, scalars = self.backward(epoch, batch)
+        self.apply_step()
+        compute = (time.perf_counter() - start) * 1000.0
+        return loss, samples, self.stretch(compute), scalars
 
 
 def build_replica(recipe: Recipe, device: torch.device, *, speed: float = 1.0) -> Replica:
     """Build the model (seeded with ``recipe.seed``), its optimizer (learning rate scaled by ``lr_scale``) and
     scheduler on ``device``."""
     torch.manual_seed(recipe.seed)
-    model = recipe.model_factory(device)
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(
-            f"model_factory must return a torch.nn.Module (a task head is one), got {type(model).__name__}"
-        )
-    model = model.to(device)
+    target = recipe.model_factory(device)
+    model = unwrap_model(target)
+    if model is target:
+        model = model.to(device)
+        target = model
+    else:
+        moved = model.to(device)
+        if moved is not model:  # pragma: no cover - nn.Module.to returns self
+            raise TypeError("a task head's model must move in place")
     model.train()
     optimizer = recipe.optim_factory(model.parameters())
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -152,4 +217,4 @@ def build_replica(recipe: Recipe, device: torch.device, *, speed: float = 1.0) -
         for group in optimizer.param_groups:
             group["lr"] = group["lr"] * recipe.lr_scale
     scheduler = recipe.scheduler(optimizer) if recipe.scheduler is not None else None
-    return Replica(recipe, model, optimizer, scheduler, device, speed)
+    return Replica(recipe, model, optimizer, scheduler, device, speed, target=target)

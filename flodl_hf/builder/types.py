@@ -105,8 +105,14 @@ class TrainedState:
         rounds: int = 0,
         epochs: int = 0,
         el_che: Optional[dict[str, Any]] = None,
+        lost_batches: Optional[dict[int, int]] = None,
+        global_step: int = 0,
     ) -> None:
         self._state = OrderedDict((k, v.detach().to("cpu")) for k, v in state.items())
+        self.lost_batches = dict(lost_batches or {})
+        """CPU backend: per dropped rank, the batches it ran after its last snapshot (their effect is lost)."""
+        self.global_step = int(global_step)
+        """Batches run by every device, counted at the last average (what the LR schedule followed)."""
         self.world_size = int(world_size)
         self.devices = list(devices)
         self.lost_ranks = list(lost_ranks or [])
@@ -118,12 +124,18 @@ class TrainedState:
         """A copy of the averaged state (CPU tensors), loadable with ``model.load_state_dict``."""
         return OrderedDict((k, v.clone()) for k, v in self._state.items())
 
-    def load_into(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Load the averaged state into ``model`` (strict) and return it."""
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"load_into takes a torch.nn.Module, got {type(model).__name__}")
+    def load_into(self, model: Any) -> Any:
+        """Load the averaged state into ``model`` (strict) and return it: an ``nn.Module``, or a task head
+        (its ``graph().module``)."""
+        from .step import unwrap_model
+
         try:
-            model.load_state_dict(self._state, strict=True)
+            module = unwrap_model(model)
+        except TypeError:
+            raise TypeError(
+                f"load_into takes a torch.nn.Module or a task head, got {type(model).__name__}") from None
+        try:
+            module.load_state_dict(self._state, strict=True)
         except RuntimeError as exc:
             raise ValueError(
                 "the trained state does not fit this model: build it with the same model_factory "

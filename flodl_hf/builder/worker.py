@@ -23,8 +23,10 @@ from typing import Any, Optional
 
 import torch
 
+from . import allreduce
 from .board import Board, Row, must_wait, round_ready
-from .state import ModelState, relative_distance
+from .slots import Slots
+from .state import ModelState
 from .step import Recipe, build_replica
 
 __all__ = ["WorkerSpec", "worker_main"]
@@ -47,6 +49,7 @@ class WorkerSpec:
     startup_timeout_s: float
     threads: int
     parent_pid: int
+    timeline: bool = False
 
     @property
     def world(self) -> int:
@@ -79,6 +82,7 @@ class _Worker:
         self.board = Board(spec.world, board_array)
         self.sync = spec.policy == "sync"
         self.collective = spec.backend == "nccl"
+        self.slots: Optional[Slots] = None  # CPU backend: given with the start signal
         self._last_parent_check = time.monotonic()
         self.device = torch.device(spec.devices[rank])
         if self.device.type == "cuda":
@@ -90,16 +94,21 @@ class _Worker:
         # progress in the current round, and what is pending
         self.k = 0
         self.batches = 0
+        self.samples = 0
         self.wall_ms = 0.0
         self.done = False
         self.ended = False
         self.work: deque[tuple[int, int]] = deque()
-        self.snaps: dict[int, torch.Tensor] = {}
-        self.pending: set[int] = set()
-        self.apply_ms = 0.0
+        self.snap_round: Optional[int] = None  # CPU backend: round whose snapshot is in our slot, not yet answered
+        self.present: list[bool] = []  # SYNC + CPU backend: which parameters had a gradient in our snapshot
+        self.applied = -1  # last round whose average was applied
+        self.reload = False  # an average slot was overwritten under us: take the next average as is
+        self.global_step = 0  # batches run by every device, counted at the last average
+        self.sync_ms = 0.0
         self.want_state = False
         self.finished = False
         self.pg_ready = False
+        self.port: Optional[int] = None
 
     # -- messaging -------------------------------------------------------------------------------------------
     def _check_parent(self) -> None:
@@ -140,14 +149,28 @@ class _Worker:
         elif kind == "end":
             self.ended = True
         elif kind == "avg":
-            self.apply_average(msg[1], msg[2], msg[3])
+            self.apply_average(*msg[1:])
         elif kind == "want_state":
             self.want_state = True
+            self._maybe_send_state()
+        elif kind == "port":
+            self.port = int(msg[1])
         elif kind == "stop":
             raise _Stop()
 
+    def _maybe_send_state(self) -> None:
+        """CPU backend under SYNC: the replicas are identical between steps, so the coordinator asks one worker
+        for the model (for a checkpoint or the result) instead of averaging gradients into one."""
+        if self.want_state and not self.collective and self.snap_round is None and not self.reload:
+            self.want_state = False
+            self.events.put(("state", self.rank, self.k, self.state.flat_state(), self.state.other_values(), False))
+
     def publish(self) -> None:
         self.board.write_row(self.rank, Row(self.k, self.batches, self.wall_ms, self.done))
+
+    def timeline(self, kind: str, t0: float, t1: float, **extra: Any) -> None:
+        if self.spec.timeline:
+            self.events.put(("tl", self.rank, kind, t0, t1, extra))
 
     # -- start -----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -175,6 +198,7 @@ class _Worker:
             if msg[0] == "stop":
                 raise _Stop()
         payload = msg[1]
+        self.slots = msg[2]
         if payload is not None:
             self.state.load_params(payload[0])
             self.state.load_buffers(payload[1])
@@ -187,26 +211,41 @@ class _Worker:
         return self.device if all(d.startswith("cuda") for d in self.spec.devices) else torch.device("cpu")
 
     def _init_group(self) -> None:
+        """Rank 0 binds the rendezvous port itself (port 0: the system picks a free one) and publishes it
+        through the coordinator, so two runs can never race for the same port."""
         import torch.distributed as dist
 
+        timeout = timedelta(seconds=self.spec.timeout_s)
+        world = self.spec.world
+        if self.rank == 0:
+            store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=timeout, wait_for_workers=False)
+            self.events.put(("port", 0, store.port))
+        else:
+            deadline = time.monotonic() + self.spec.startup_timeout_s
+            while self.port is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"worker {self.rank}: rank 0 did not publish its rendezvous port within "
+                        f"{self.spec.startup_timeout_s:.0f} s"
+                    )
+                self.poll(0.05)
+            store = dist.TCPStore("127.0.0.1", self.port, world, False, timeout=timeout)
         backend = "nccl" if self._comm_device().type == "cuda" else "gloo"
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{self.spec.port}",
-            rank=self.rank,
-            world_size=self.spec.world,
-            timeout=timedelta(seconds=self.spec.timeout_s),
-        )
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=world, timeout=timeout)
         self.pg_ready = True
         dev = self._comm_device()
-        flat = torch.cat([self.state.flat_params_on(dev), self.state.flat_buffers_on(dev)])
-        dist.broadcast(flat, src=0)  # every replica starts from rank 0's weights
-        n = self.state.layout.param_numel
-        self.state.load_params(flat[:n])
-        self.state.load_buffers(flat[n:])
+        for t in [*self.state.params, *self.state.buffers]:  # every replica starts from rank 0's weights
+            if t.device == dev:
+                dist.broadcast(t.data, src=0)
+            else:
+                tmp = t.detach().to(dev)
+                dist.broadcast(tmp, src=0)
+                with torch.no_grad():
+                    t.copy_(tmp)
 
     # -- loop ------------------------------------------------------------------------------------------------
     def run(self) -> None:
+        waiting_since: Optional[float] = None
         while not self.finished:
             self.poll()
             if not self.done and not self.work and self.ended:
@@ -215,28 +254,44 @@ class _Worker:
             if self.try_average():
                 continue
             plan = self.board.read_plan()
-            row = Row(self.k, self.batches, self.wall_ms, self.done)
-            blocked = must_wait(plan, row, self.rank, self.sync) or (self.sync and bool(self.pending))
+            rows = self.board.read_rows(only=plan.mask if plan is not None else None)
+            rows[self.rank] = Row(self.k, self.batches, self.wall_ms, self.done)
+            blocked = (must_wait(plan, rows, self.rank, self.sync) or self.reload
+                       or (self.sync and self.snap_round is not None))
             if self.work and not blocked:
+                if waiting_since is not None:
+                    self.timeline("wait", waiting_since, time.time())
+                    waiting_since = None
                 self.train_one()
             else:
+                if self.work and waiting_since is None:
+                    waiting_since = time.time()
                 self.poll(_POLL_S)
         while True:  # finished: wait for the coordinator to release us (it may still read our last message)
             self.poll(0.05)
 
     def train_one(self) -> None:
         epoch, b = self.work.popleft()
-        loss, samples, wall_ms, scalars = self.rep.run(epoch, b)
+        t0 = time.time()
+        lr, step = self.rep.lr(), self.global_step + (0 if self.sync else self.batches)
+        if self.sync:
+            start = time.perf_counter()
+            loss, samples, _, scalars = self.rep.backward(epoch, b)
+            wall_ms = self.rep.stretch((time.perf_counter() - start) * 1000.0)
+        else:
+            loss, samples, wall_ms, scalars = self.rep.run(epoch, b)
         self.batches += 1
+        self.samples += samples
         self.wall_ms += wall_ms
         self.publish()
         self.events.put(("batch", self.rank, epoch, b, loss, samples, wall_ms, scalars))
+        self.timeline("batch", t0, time.time(), epoch=epoch, batch=b, lr=lr, step=step)
 
     def try_average(self) -> bool:
         plan = self.board.read_plan()
         if plan is None or not plan.applies_to(self.k) or not plan.mask[self.rank]:
             return False
-        if not round_ready(plan, self.board.read_rows(only=plan.mask), self.k):
+        if not round_ready(plan, self.board.read_rows(only=plan.mask), self.k, self.sync):
             return False
         if self.collective:
             self.all_reduce_round()
@@ -247,79 +302,113 @@ class _Worker:
     def _next_round(self) -> None:
         self.k += 1
         self.batches = 0
+        self.samples = 0
         self.wall_ms = 0.0
         self.publish()
 
+    # -- collective backend ----------------------------------------------------------------------------------
     def all_reduce_round(self) -> None:
-        import torch.distributed as dist
-
+        t0 = time.time()
         start = time.perf_counter()
         dev = self._comm_device()
-        world = self.spec.world
-        weight = float(max(1, self.batches))
-        params = self.state.flat_params_on(dev)
-        buffers = self.state.flat_buffers_on(dev)
-        tail = torch.tensor([weight, 0.0 if self.done else 1.0], dtype=torch.float32, device=dev)
-        payload = torch.cat([params * weight, buffers / world, tail])
-        dist.all_reduce(payload)
-        n_p, n_b = params.numel(), buffers.numel()
-        values = payload[n_p + n_b :].tolist()
-        avg = payload[:n_p] / values[0]
-        divergence = relative_distance(params, avg)
-        self.state.load_params(avg)
-        self.state.load_buffers(payload[n_p : n_p + n_b])
+        params, buffers = self.state.params, self.state.buffers
+        if self.sync:
+            _, final, round_batches = allreduce.average_gradients(
+                params, buffers, self.samples, self.done, dev, self.spec.world)
+            divergence = 0.0
+            if not final:
+                self.rep.apply_step(advance=False)
+        else:
+            divergence, round_batches, final = allreduce.average_parameters(
+                params, buffers, self.batches, self.done, dev, self.spec.world)
+        self.global_step += round_batches
+        self.rep.schedule.advance_to(self.global_step)
         sync_ms = (time.perf_counter() - start) * 1000.0
-        final = values[1] < 0.5
         self.events.put(("round", self.rank, self.k, self.batches, self.wall_ms, sync_ms, divergence, final))
+        self.timeline("sync", t0, time.time(), round=self.k)
         if self.rank == 0 and (self.want_state or final):
             self.want_state = False
-            self.events.put(("state", self.rank, self.k, self.state.state_dict_cpu(), final))
+            self.events.put(("state", self.rank, self.k, self.state.flat_state(), self.state.other_values(), final))
         self._next_round()
         if final:
             self.finished = True
 
+    # -- CPU backend -----------------------------------------------------------------------------------------
+    def _await_average(self) -> None:
+        """Our previous snapshot's average must be applied before we take the next snapshot (bounded)."""
+        deadline = time.monotonic() + self.spec.timeout_s
+        t0 = time.time()
+        while self.snap_round is not None or self.reload:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"worker {self.rank}: the coordinator sent no average for round {self.snap_round} within "
+                    f"{self.spec.timeout_s:.0f} s (the builder's timeout)"
+                )
+            self.poll(0.005)
+        if time.time() - t0 > 0.001:
+            self.timeline("wait", t0, time.time(), cause="average")
+
     def send_snapshot(self) -> None:
+        assert self.slots is not None  # noqa: S101 - the CPU backend always has slots
+        self._await_average()
+        t0 = time.time()
         start = time.perf_counter()
-        params = self.state.flat_params()
-        buffers = self.state.flat_buffers()
-        others = self.state.other_values()
-        self.snaps[self.k] = params  # read-only from here on: it is shared with the coordinator
-        self.pending.add(self.k)
-        sync_ms = (time.perf_counter() - start) * 1000.0 + self.apply_ms
-        self.apply_ms = 0.0
-        self.events.put(
-            (
-                "snap",
-                self.rank,
-                self.k,
-                self.batches,
-                self.wall_ms,
-                sync_ms,
-                self.done,
-                params,
-                buffers,
-                others,
-            )
-        )
+        slot = self.slots.snap[self.rank]
+        if self.sync:
+            self.present = self.state.write_grads(slot, 1.0)
+        else:
+            self.state.write_flat(slot)
+        self.snap_round = self.k
+        sync_ms = (time.perf_counter() - start) * 1000.0 + self.sync_ms
+        self.sync_ms = 0.0
+        self.events.put((
+            "snap", self.rank, self.k, self.batches, self.samples, self.wall_ms, sync_ms, self.done,
+            self.state.other_values(), self.present if self.sync else None,
+        ))
+        self.timeline("sync", t0, time.time(), round=self.k)
         self._next_round()
 
-    def apply_average(self, k: int, avg_params: torch.Tensor, avg_buffers: torch.Tensor) -> None:
-        """Apply round ``k``'s average: keep the local progress made since the snapshot (``p += avg - snap``);
-        a worker that was left out of the round takes the average as is."""
+    def apply_average(self, k: int, participants: list[int], global_step: int, present: Optional[list[bool]],
+                      final: bool) -> None:
+        """Apply round ``k``'s average from average slot ``k % 2``. A participant keeps the local progress made
+        since its snapshot (``p += avg - snapshot``); a worker left out of the round takes the average as is.
+        Under SYNC the average is the gradient: every replica takes the same optimizer step."""
+        assert self.slots is not None  # noqa: S101
+        if k <= self.applied:
+            return
         start = time.perf_counter()
-        snap = self.snaps.pop(k, None)
-        if snap is not None:
-            self.state.add_to_params(avg_params - snap)
+        t0 = time.time()
+        avg = self.slots.avg[k % 2]
+        mine = self.snap_round == k and self.rank in participants and not self.reload
+        if not self.slots.holds(k):
+            # overwritten by a later round before we got here (we lag two rounds): take that one instead
+            self.reload = True
+            self.snap_round = None
+            return
+        if self.sync:
+            if not final:
+                self.state.load_grads(avg, present or [])
+                self.rep.apply_step(advance=False)
+        elif mine:
+            self.state.apply_delta(avg, self.slots.snap[self.rank])
         else:
-            self.state.load_params(avg_params)
-        self.state.load_buffers(avg_buffers)
-        for old in [r for r in self.snaps if r < k]:
-            del self.snaps[old]
-        self.pending = {r for r in self.pending if r > k}
+            self.state.load_flat(avg)
+        if not self.slots.holds(k):  # torn: the slot changed while we read it; the next average repairs us
+            self.reload = True
+            self.snap_round = None
+            return
+        self.reload = False
+        self.applied = k
+        if self.snap_round is not None and self.snap_round <= k:
+            self.snap_round = None
         if self.k <= k:  # left out of round k: catch up with the others
             self.k = k
             self._next_round()
-        self.apply_ms += (time.perf_counter() - start) * 1000.0
+        self.global_step = int(global_step)
+        self.rep.schedule.advance_to(self.global_step + (0 if self.sync else self.batches))
+        self.sync_ms += (time.perf_counter() - start) * 1000.0
+        self.timeline("apply", t0, time.time(), round=k)
+        self._maybe_send_state()
 
 
 def worker_main(rank: int, spec: WorkerSpec, events: Any, cmds: Any, board_array: Any) -> None:

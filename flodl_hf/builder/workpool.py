@@ -5,7 +5,8 @@ speeds exactly. Each epoch is one seeded permutation cut into ``len(ds) // batch
 compute the same permutation from ``seed + epoch``, so a batch travels as ``(epoch, index)``). With CADENCE
 and ASYNC every rank pulls small chunks from one shared cursor, so the slices it ends up with are disjoint and
 proportional to its speed; with SYNC each epoch is split equally (round robin) up front, as plain synchronous
-data parallelism does. Epochs are pipelined: a rank that runs out of epoch ``e`` takes from ``e + 1``.
+data parallelism does; with ``progressive_dispatch(False)`` each epoch is cut into one contiguous slice per rank,
+proportional to El Che's counts when the epoch starts. Epochs are pipelined: a rank that runs out of epoch ``e`` takes from ``e + 1``.
 
 The pool also remembers what each rank holds and has not finished, so the batches of a worker that dies (CPU
 backend) go back to the survivors and every epoch still completes.
@@ -14,6 +15,7 @@ backend) go back to the survivors and every epoch still completes.
 from __future__ import annotations
 
 from collections import deque
+from typing import Callable, Optional
 
 __all__ = ["WorkPool", "Batch"]
 
@@ -24,7 +26,8 @@ class WorkPool:
     """Hands out ``(epoch, batch)`` pairs; every pair of every epoch is completed exactly once."""
 
     def __init__(
-        self, num_samples: int, batch_size: int, num_epochs: int, world: int, *, equal_split: bool
+        self, num_samples: int, batch_size: int, num_epochs: int, world: int, *, equal_split: bool,
+        slice_weights: Optional[Callable[[], list[float]]] = None,
     ) -> None:
         self.batches_per_epoch = num_samples // batch_size
         if self.batches_per_epoch < 1:
@@ -34,6 +37,8 @@ class WorkPool:
         self.num_epochs = num_epochs
         self.world = world
         self.equal_split = equal_split
+        self.slice_weights = slice_weights
+        self.own_slices = equal_split or slice_weights is not None
         self.live = set(range(world))
         self._next_epoch = 0
         self._shared: deque[Batch] = deque()
@@ -53,6 +58,16 @@ class WorkPool:
             ranks = sorted(self.live)
             for i, item in enumerate(items):
                 self._own[ranks[i % len(ranks)]].append(item)
+        elif self.slice_weights is not None:
+            ranks = sorted(self.live)
+            weights = self.slice_weights()
+            total = sum(max(0.0, weights[r]) for r in ranks) or float(len(ranks))
+            at = 0
+            for j, r in enumerate(ranks):
+                share = max(0.0, weights[r]) / total if total else 1.0 / len(ranks)
+                end = len(items) if j == len(ranks) - 1 else min(len(items), at + round(share * len(items)))
+                self._own[r].extend(items[at:end])
+                at = end
         else:
             self._shared.extend(items)
 
@@ -65,7 +80,7 @@ class WorkPool:
             if self._orphans:
                 out.append(self._orphans.popleft())
                 continue
-            source = self._own[rank] if self.equal_split else self._shared
+            source = self._own[rank] if self.own_slices else self._shared
             if not source:
                 if self._next_epoch >= self.num_epochs:
                     break
