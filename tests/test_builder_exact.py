@@ -1,0 +1,211 @@
+"""Builder mode against references: SYNC equals one process on the concatenated batches (AdamW, clipping,
+weight decay, an unused layer), the LR follows the global schedule on every replica, averages weight idle ranks
+0, and the settings that used to deadlock finish. Real worker processes (gloo on CPU), ``forkserver`` start.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import builder_exact_helpers as ex
+import pytest
+import torch
+
+from dist_helpers import run_ranks, values
+from flodl_hf import ApplyPolicy, AverageBackend, Trainer
+from flodl_hf.partition import epoch_permutation
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _reference_sync(n: int, batch: int, epochs: int, world: int, clip: float | None) -> dict:
+    """One process: round j trains on the concatenation of every rank's j-th batch (each epoch is dealt round
+    robin, epochs back to back, as the builder's SYNC split does)."""
+    data = ex.Indexed(n)
+    per_epoch = n // batch
+    own: list[list[list[int]]] = [[] for _ in range(world)]
+    for e in range(epochs):
+        perm = epoch_permutation(n, e).tolist()
+        for i in range(per_epoch):
+            own[i % world].append(perm[i * batch:(i + 1) * batch])
+    model = ex.make_model(torch.device("cpu"))
+    opt = ex.adamw(model.parameters())
+    for j in range(max(len(o) for o in own)):
+        idx = [i for r in range(world) if j < len(own[r]) for i in own[r][j]]
+        loss = ex.loss_fn(model, (data.x[idx], data.y[idx]))
+        loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model.state_dict()
+
+
+@pytest.mark.parametrize("backend", [AverageBackend.NCCL, AverageBackend.CPU])
+@pytest.mark.parametrize("world,n,clip", [(2, 88, None), (3, 96, 0.5)])
+def test_sync_with_adamw_equals_one_process_on_the_concatenated_batches(backend, world, n, clip):
+    batch, epochs = 8, 2
+    b = (Trainer.builder(ex.make_model, ex.adamw, ex.loss_fn).dataset(ex.Indexed(n)).batch_size(batch)
+         .num_epochs(epochs).policy(ApplyPolicy.SYNC).backend(backend).devices(["cpu"] * world)
+         .timeout(30).progress(False).start_method("forkserver"))
+    if clip is not None:
+        b = b.max_grad_norm(clip)
+    state = b.run().join(timeout=200)
+    reference = _reference_sync(n, batch, epochs, world, clip)
+    got = state.state_dict()
+    assert list(got) == list(reference)
+    for key in reference:
+        torch.testing.assert_close(got[key], reference[key], rtol=1e-5, atol=1e-6, msg=key)
+    assert torch.equal(got["unused.weight"], reference["unused.weight"])  # never stepped: no decay either
+
+
+@pytest.mark.parametrize("policy,backend", [(ApplyPolicy.CADENCE, AverageBackend.CPU),
+                                            (ApplyPolicy.ASYNC, AverageBackend.NCCL),
+                                            (ApplyPolicy.SYNC, AverageBackend.CPU)])
+def test_the_lr_follows_the_global_schedule_on_every_replica(policy, backend):
+    """Each worker used to count only its own steps: at speeds [1, 0.4] the replicas trained at learning rates
+    far apart and the decay never reached 0. Now every batch's LR is the schedule at the global step (batches of
+    every device at the last average plus its own since), and the global step ends at the schedule's total."""
+    from transformers import get_linear_schedule_with_warmup
+
+    n, batch, epochs = 320, 8, 2
+    total = epochs * (n // batch)
+    sched = functools.partial(ex.linear_schedule, warmup=6, total=total)
+    b = (Trainer.builder(ex.make_model, ex.adamw, functools.partial(_slow_loss, ms=3.0)).dataset(ex.Indexed(n))
+         .batch_size(batch).num_epochs(epochs).policy(policy).backend(backend).devices(["cpu", "cpu"])
+         .scheduler(sched).simulate_speeds([1.0, 0.4]).anchor(2).timeout(30).progress(False)
+         .start_method("forkserver"))
+    b._set(timeline=True)
+    handle = b.run()
+    state = handle.join(timeout=200)
+    assert state.global_step == total
+    probe = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.05)
+    closed = get_linear_schedule_with_warmup(probe, 6, total).lr_lambdas[0]
+    assert closed(total) == 0.0  # the schedule ends at 0 ...
+    events = [e for e in handle.timeline() if e["kind"] == "batch"]
+    assert len(events) == total
+    last_step = {}
+    for e in events:
+        assert e["lr"] == pytest.approx(0.05 * closed(e["step"]), rel=1e-9, abs=1e-12), e
+        assert e["step"] >= last_step.get(e["rank"], 0)
+        last_step[e["rank"]] = e["step"]
+        assert 0 <= e["step"] < total
+    # ... and both replicas got there: the slow one's last batches ran late in the global schedule too
+    for rank in (0, 1):
+        assert last_step[rank] >= 0.8 * total, (rank, last_step, total)
+
+
+def _slow_loss(model, batch, ms: float):
+    import time
+
+    time.sleep(ms / 1000.0)
+    return ex.loss_fn(model, batch)
+
+
+@pytest.mark.parametrize("backend", [AverageBackend.NCCL, AverageBackend.CPU])
+def test_cadence_with_max_batch_diff_finishes(backend):
+    """Used to deadlock: a rank that ran faster than estimated parked below a time threshold it never reached."""
+    handle = (Trainer.builder(ex.make_model, ex.adamw, functools.partial(_slow_loss, ms=4.0))
+              .dataset(ex.Indexed(480)).batch_size(8).num_epochs(2).policy(ApplyPolicy.CADENCE).backend(backend)
+              .devices(["cpu", "cpu"]).simulate_speeds([1.0, 0.4]).max_batch_diff(1).anchor(3).timeout(20)
+              .progress(False).start_method("forkserver").run())
+    state = handle.join(timeout=150)
+    assert state.epochs == 2 and sum(m.samples for m in handle.metrics) == 2 * 480
+
+
+def test_two_concurrent_collective_runs_bind_their_own_ports():
+    def start():
+        return (Trainer.builder(ex.make_model, ex.adamw, ex.loss_fn).dataset(ex.Indexed(128)).batch_size(8)
+                .num_epochs(1).policy(ApplyPolicy.ASYNC).backend(AverageBackend.NCCL).devices(["cpu", "cpu"])
+                .timeout(30).progress(False).start_method("forkserver").run())
+
+    handles = [start(), start()]
+    for h in handles:
+        assert h.join(timeout=150).epochs == 1
+
+
+def test_a_task_head_trains_directly_in_builder_mode():
+    import tiny_models
+
+    tok = tiny_models.tiny_tokenizer("bert")
+    rows = tiny_models.toy_task(96, seed=0)
+    enc = tok([t for t, _ in rows], padding="max_length", truncation=True, max_length=16, return_tensors="pt")
+    data = [{"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i],
+             "labels": torch.tensor(rows[i][1])} for i in range(len(rows))]
+    handle = (Trainer.builder(ex.head_factory, ex.adamw, ex.head_loss).dataset(data).batch_size(8).num_epochs(2)
+              .policy(ApplyPolicy.CADENCE).backend(AverageBackend.CPU).devices(["cpu", "cpu"]).timeout(30)
+              .progress(False).start_method("forkserver").run())
+    state = handle.join(timeout=150)
+    head = ex.head_factory(torch.device("cpu"))
+    state.load_into(head)
+    for key, value in head.graph().module.state_dict().items():
+        assert torch.equal(value, state.state_dict()[key])
+    assert handle.metrics[-1].avg_loss < handle.metrics[0].avg_loss
+
+
+# ------------------------------------------------------------------------------------------ the collectives
+def _collective_rank(rank: int, world: int) -> dict:
+    import torch.distributed as dist
+
+    from flodl_hf.builder import allreduce
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    g = torch.Generator().manual_seed(rank)
+    params = [torch.randn(37, generator=g), torch.randn(5, 7, generator=g)]
+    buffers = [torch.randn(3, generator=g)]
+    before = [p.clone() for p in params]
+    batches = [3, 0, 2][rank]
+    distance, total, done = allreduce.average_parameters(params, buffers, batches, False, torch.device("cpu"),
+                                                         world, bucket=16)
+    grads = [torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(2)),
+             torch.nn.Parameter(torch.zeros(2))]
+    if rank != 1:
+        grads[0].grad = torch.full((4,), float(rank + 1))
+    if rank == 2:
+        grads[1].grad = torch.ones(2)
+    samples = [8, 0, 4][rank]
+    g_total, g_done, g_batches = allreduce.average_gradients(grads, [], samples, rank == 1, torch.device("cpu"),
+                                                             world, bucket=3)
+    dist.destroy_process_group()
+    return {"before": before, "after": params, "buffers": buffers, "distance": distance, "total": total,
+            "done": done, "grads": [None if p.grad is None else p.grad for p in grads], "g": (g_total, g_done,
+                                                                                              g_batches)}
+
+
+def test_bucketed_collective_averages_weight_idle_ranks_zero_and_keep_missing_gradients_none():
+    out = values(run_ranks(_collective_rank, 3, timeout=120))
+    weights = [3, 0, 2]
+    for i in range(2):
+        ref = sum(w * o["before"][i] for w, o in zip(weights, out)) / 5
+        for o in out:
+            torch.testing.assert_close(o["after"][i], ref)
+    flat_ref = torch.cat([o.reshape(-1) for o in out[0]["after"]])
+    for r, o in enumerate(out):
+        local = torch.cat([b.reshape(-1) for b in o["before"]])
+        assert o["distance"] == pytest.approx(float((local - flat_ref).norm() / flat_ref.norm()), rel=1e-5)
+        assert o["total"] == 5 and o["done"] is False
+        assert o["g"] == (12, False, 2)
+        # sample-weighted mean: (8 * 1 + 0 + 4 * 3) / 12; rank 1 had no batch and no gradient
+        torch.testing.assert_close(o["grads"][0], torch.full((4,), 20.0 / 12))
+        torch.testing.assert_close(o["grads"][1], torch.full((2,), 4.0 / 12))
+        assert o["grads"][2] is None  # no rank had one: stays None, as on one device
+    torch.testing.assert_close(out[0]["buffers"][0], out[1]["buffers"][0])
+
+
+def test_concurrent_runs_do_not_share_state():
+    """Two builder handles in one process, one per thread, collective and CPU backend at once."""
+    results = {}
+
+    def go(backend):
+        h = (Trainer.builder(ex.make_model, ex.adamw, ex.loss_fn).dataset(ex.Indexed(96)).batch_size(8)
+             .num_epochs(1).policy(ApplyPolicy.CADENCE).backend(backend).devices(["cpu", "cpu"]).timeout(30)
+             .progress(False).start_method("forkserver").run())
+        results[backend] = h.join(timeout=150)
+
+    threads = [threading.Thread(target=go, args=(b,)) for b in (AverageBackend.NCCL, AverageBackend.CPU)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(200)
+    assert set(results) == {AverageBackend.NCCL, AverageBackend.CPU}
