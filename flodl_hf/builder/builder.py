@@ -27,13 +27,14 @@ class DdpBuilder:
     """Builder mode: the framework owns the training loop (local SGD, averaged per policy).
 
     ``model_factory(device)`` returns an ``nn.Module`` or a task head (e.g.
-    ``functools.partial(BertForSequenceClassification.on_device, config, num_labels)``); ``optim_factory(params)
-    -> Optimizer``; ``train_fn(model_or_head, batch)`` returns the loss, e.g. ``head.compute_loss(enc,
-    labels)``. They run inside the worker processes, so on 2+ devices they must be picklable: module-level
-    functions or ``functools.partial`` of them (lambdas and nested functions are not). ``train_fn`` only
-    computes the loss; the builder calls backward, clipping, the optimizer step and the scheduler. The dataset
-    is sent to each worker once, pickled with plain pickle (``flodl_hf.builder.data``). Batches are collated
-    with ``flodl_hf.builder.data.collate`` (or ``.collate_fn``) and moved to the worker's device.
+    ``functools.partial(BertForSequenceClassification.on_device, config, num_labels)``);
+    ``optim_factory(params) -> Optimizer``; ``train_fn(model_or_head, batch)`` returns the loss, e.g.
+    ``head.compute_loss(enc, labels)``. They run inside the worker processes, so on 2+ devices they must be
+    picklable: module-level functions or ``functools.partial`` of them (lambdas and nested functions are not).
+    ``train_fn`` only computes the loss; the builder calls backward, clipping, the optimizer step and the
+    scheduler. The dataset is sent to each worker once, pickled with plain pickle (``flodl_hf.builder.data``).
+    Batches are collated with ``flodl_hf.builder.data.collate`` (or ``.collate_fn``) and moved to the worker's
+    device.
     """
 
     def __init__(
@@ -66,9 +67,9 @@ class DdpBuilder:
 
     def collate_fn(self, fn: Callable[[list], Any]) -> "DdpBuilder":
         """``fn(items) -> batch`` (picklable). Default ``flodl_hf.builder.data.collate``: torch's
-        ``default_collate``, except that dict columns of equal-length number lists (raw ``datasets.Dataset``
-        rows: ``input_ids``) become one ``[B, L]`` tensor and strings stay lists. For rows of different lengths
-        pass ``DataCollatorWithPadding(tokenizer)``."""
+        ``default_collate``, except that dict columns of equal-length number lists (raw
+        ``datasets.Dataset`` rows: ``input_ids``) become one ``[B, L]`` tensor and strings stay lists. For
+        rows of different lengths pass ``DataCollatorWithPadding(tokenizer)``."""
         return self._set(collate_fn=fn)
 
     def seed(self, n: int) -> "DdpBuilder":
@@ -101,9 +102,9 @@ class DdpBuilder:
         return self._set(max_batch_diff=n)
 
     def progressive_dispatch(self, flag: bool) -> "DdpBuilder":
-        """Hand out each epoch in chunks from a shared pool, so a fast rank takes more and ranks stream into the
-        next epoch (default: on unless SYNC). False: one equal slice per rank per epoch. SYNC refuses True: it
-        splits each epoch equally up front."""
+        """Hand out each epoch in chunks from a shared pool, so a fast rank takes more and ranks stream into
+        the next epoch (default: on unless SYNC). False: one equal slice per rank per epoch. SYNC refuses
+        True: it splits each epoch equally up front."""
         return self._set(progressive_dispatch=flag)
 
     def max_overshoot(self, n: int) -> "DdpBuilder":

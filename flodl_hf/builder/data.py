@@ -1,12 +1,13 @@
 """The builder's data path: how a dataset reaches the worker processes, and how its items become a batch.
 
 Why it exists: a worker is a spawned process, so the dataset must travel by pickling. Handed to
-``torch.multiprocessing`` as it is, every tensor storage of the dataset is moved into shared memory in place in
-the caller's process, one file descriptor each: a per-item dataset of a few thousand rows exhausts
-``ulimit -n`` before a worker starts. :func:`pack_dataset` instead pickles the dataset ONCE, in the caller, with
-the plain ``pickle`` module into one bytes blob (:class:`PackedDataset`): no shared memory, no descriptors, the
-same blob for every worker, unpickled lazily in the worker on first access. A ``datasets.Dataset`` read from disk
-pickles as a memory map by file path; one built in memory pickles its Arrow table.
+``torch.multiprocessing`` as it is, every tensor storage of the dataset is moved into shared memory in place
+in the caller's process, one file descriptor each: a per-item dataset of a few thousand rows exhausts
+``ulimit -n`` before a worker starts. :func:`pack_dataset` instead pickles the dataset ONCE, in the caller,
+with the plain ``pickle`` module into one bytes blob (:class:`PackedDataset`): no shared memory, no
+descriptors, the same blob for every worker, unpickled lazily in the worker on first access. A
+``datasets.Dataset`` read from disk pickles as a memory map by file path; one built in memory pickles its
+Arrow table.
 
 The one departure from ``pickle.dumps(ds)``: a CPU tensor is written as its own bytes. Torch's default
 reduction writes the tensor's whole underlying storage, so rows sliced from one tokenizer output
@@ -110,8 +111,8 @@ class PackedDataset:
 
 
 def pack_dataset(ds: Any) -> PackedDataset:
-    """Pickle ``ds`` once with plain pickle (protocol 5) into a :class:`PackedDataset`; ValueError if it cannot be
-    pickled. A ``PackedDataset`` is returned as it is."""
+    """Pickle ``ds`` once with plain pickle (protocol 5) into a :class:`PackedDataset`; ValueError if it
+    cannot be pickled. A ``PackedDataset`` is returned as it is."""
     if isinstance(ds, PackedDataset):
         return ds
     name = type(ds).__name__
@@ -127,7 +128,7 @@ def pack_dataset(ds: Any) -> PackedDataset:
     return PackedDataset(blob, len(ds), name)
 
 
-# -- collate --------------------------------------------------------------------------------------------------
+# -- collate -------------------------------------------------------------------------------------------------
 
 
 def _is_number(v: object) -> bool:
@@ -142,10 +143,10 @@ def _number_lists(name: str, values: Sequence[Sequence[numbers.Number]]) -> torc
     lengths = sorted({len(v) for v in values})
     if len(lengths) > 1:
         raise ValueError(
-            f"column {name!r} holds lists of different lengths in one batch (lengths {lengths}): the default "
-            "collate stacks them into one [batch, length] tensor. Pad to a fixed length when tokenizing, e.g. "
-            "tokenizer(..., padding='max_length', max_length=N, truncation=True), or pad per batch with "
-            ".collate_fn(DataCollatorWithPadding(tokenizer))"
+            f"column {name!r} holds lists of different lengths in one batch (lengths {lengths}): the "
+            "default collate stacks them into one [batch, length] tensor. Pad to a fixed length when "
+            "tokenizing, e.g. tokenizer(..., padding='max_length', max_length=N, truncation=True), or pad "
+            "per batch with .collate_fn(DataCollatorWithPadding(tokenizer))"
         )
     flat = [x for v in values for x in v]
     if all(isinstance(x, bool) for x in flat):
@@ -170,8 +171,8 @@ def _column(name: str, values: list) -> Any:
 
 def collate(items: list, _prefix: str = "") -> Any:
     """The default ``collate_fn``: like ``torch.utils.data.default_collate``, but for dict items a column of
-    number lists becomes one ``[B, L]`` tensor (int64 for ints, float32 for floats; ValueError naming the column
-    if the lengths differ) and a column of strings stays a list of strings."""
+    number lists becomes one ``[B, L]`` tensor (int64 for ints, float32 for floats; ValueError naming the
+    column if the lengths differ) and a column of strings stays a list of strings."""
     if not items or not isinstance(items[0], Mapping):
         return torch.utils.data.default_collate(items)
     first = items[0]

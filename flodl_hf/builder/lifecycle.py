@@ -1,11 +1,12 @@
 """Worker process lifecycle: start one process per device, wait until each is ready, and stop them all.
 
 Why it exists: starting and reaping processes is where a multi-process run hangs or leaks if done carelessly,
-so it is kept in one small place with one rule: every wait is bounded. Starting packs the dataset once into plain
-bytes (``data.pack_dataset``: no shared memory, so no file descriptor per tensor in the caller), pickles
-everything a worker needs, and turns a failure into a ValueError that names the real cause (the file-descriptor
-limit, or the object that cannot be pickled) and what to change; waiting for "ready" watches each
-process and the clock; stopping asks politely ("stop" command), then terminates, then kills, always reaping.
+so it is kept in one small place with one rule: every wait is bounded. Starting packs the dataset once into
+plain bytes (``data.pack_dataset``: no shared memory, so no file descriptor per tensor in the caller), pickles
+everything a worker needs, and turns a failure into a ValueError that names the real cause (the
+file-descriptor limit, or the object that cannot be pickled) and what to change; waiting for "ready" watches
+each process and the clock; stopping asks politely ("stop" command), then terminates, then kills, always
+reaping.
 """
 
 from __future__ import annotations
@@ -143,8 +144,8 @@ def start_error(exc: BaseException, recipe: Recipe) -> str:
                 else "keep only picklable data in it (no open files, locks or generators)"
             )
             return (
-                f"{what}. Workers receive their recipe by pickling, and {field.name}={_short(value)} cannot be "
-                f"pickled ({type(pexc).__name__}: {pexc}): {hint}"
+                f"{what}. Workers receive their recipe by pickling, and {field.name}={_short(value)} "
+                f"cannot be pickled ({type(pexc).__name__}: {pexc}): {hint}"
             )
     return f"{what}. Check the system's process and memory limits; the traceback above has the details"
 

@@ -64,11 +64,11 @@ class BuilderSettings:
     max_anchor: Any = 200
     max_batch_diff: Any = None
     progressive_dispatch: Optional[bool] = None
-    """None: on unless the policy is SYNC. On: ranks pull chunks of each epoch from a shared pool (fast ranks take
-    more, ranks stream into the next epoch); off: one equal slice per rank per epoch."""
+    """None: on unless the policy is SYNC. On: ranks pull chunks of each epoch from a shared pool (fast ranks
+    take more, ranks stream into the next epoch); off: one equal slice per rank per epoch."""
     max_overshoot: Optional[int] = None
-    """Progressive dispatch with the CPU backend: a rank may run at most its count + this many batches past the
-    last average. None: auto, see :meth:`resolved_max_overshoot`."""
+    """Progressive dispatch with the CPU backend: a rank may run at most its count + this many batches past
+    the last average. None: auto, see :meth:`resolved_max_overshoot`."""
     timeline: bool = False
     """Record per-rank events (batches, averages, throttles) with their times, to see where time went."""
     max_grad_norm: Any = None
@@ -110,12 +110,13 @@ class BuilderSettings:
         return self.policy is not ApplyPolicy.SYNC
 
     def total_batches(self) -> int:
-        """Batches of the whole run on one device: ``len(dataset) // batch_size * num_epochs`` (after validate)."""
+        """Batches of the run on one device: ``len(dataset) // batch_size * num_epochs`` (after validate)."""
         return len(self.dataset) // int(self.batch_size) * int(self.num_epochs)
 
     def resolved_max_overshoot(self) -> Optional[int]:
-        """The starting overshoot bound, or None where it does not apply (no progressive dispatch, SYNC, or the
-        collective backend, whose averages hold every rank anyway). Auto: clamp(total_batches // 100, 2, 5)."""
+        """The starting overshoot bound, or None where it does not apply (no progressive dispatch, SYNC, or
+        the collective backend, whose averages hold every rank anyway). Auto:
+        clamp(total_batches // 100, 2, 5)."""
         if (
             not self.resolved_progressive()
             or self.policy is ApplyPolicy.SYNC
@@ -127,9 +128,9 @@ class BuilderSettings:
         return _clamp(self.total_batches() // 100, 2, 5)
 
     def max_overshoot_ceiling(self) -> int:
-        """How far ASYNC may grow the bound (one per stable guard verdict): clamp(total_batches // 50, 3, 10), at
-        least the starting value, never above 15 unless the user set a larger start (then no growth). Computed
-        from the configured or auto start even where overshoot does not apply."""
+        """How far ASYNC may grow the bound (one per stable guard verdict): clamp(total_batches // 50, 3,
+        10), at least the starting value, never above 15 unless the user set a larger start (then no growth).
+        Computed from the configured or auto start even where overshoot does not apply."""
         start = (
             int(self.max_overshoot)
             if self.max_overshoot is not None
@@ -211,7 +212,11 @@ class BuilderSettings:
                 ".max_batch_diff(n) takes an integer >= 1 (or leave it unset)",
             )
         if self.progressive_dispatch is not None and not isinstance(self.progressive_dispatch, bool):
-            bad("progressive_dispatch", self.progressive_dispatch, ".progressive_dispatch(flag) takes True or False")
+            bad(
+                "progressive_dispatch",
+                self.progressive_dispatch,
+                ".progressive_dispatch(flag) takes True or False",
+            )
         elif self.progressive_dispatch is True and self.policy is ApplyPolicy.SYNC:
             bad(
                 "progressive_dispatch",
