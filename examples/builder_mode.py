@@ -5,6 +5,8 @@ packaged sentiment corpus with local SGD, averaged per policy; change ONE line t
     python examples/builder_mode.py --policy async --backend cpu --speeds 1.0,0.4
 
 Factories must be picklable (module-level functions or functools.partial), because they run inside the workers.
+The dataset (one small dict of tensors per row) is pickled once into plain bytes and sent to each worker, so the
+caller holds no file descriptor per tensor: this runs as shipped under `ulimit -n 1024`.
 """
 
 from __future__ import annotations

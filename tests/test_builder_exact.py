@@ -75,8 +75,7 @@ def test_the_lr_follows_the_global_schedule_on_every_replica(policy, backend):
     b = (Trainer.builder(ex.make_model, ex.adamw, functools.partial(_slow_loss, ms=3.0)).dataset(ex.Indexed(n))
          .batch_size(batch).num_epochs(epochs).policy(policy).backend(backend).devices(["cpu", "cpu"])
          .scheduler(sched).simulate_speeds([1.0, 0.4]).anchor(2).timeout(30).progress(False)
-         .start_method("forkserver"))
-    b._set(timeline=True)
+         .start_method("forkserver").timeline())
     handle = b.run()
     state = handle.join(timeout=200)
     assert state.global_step == total

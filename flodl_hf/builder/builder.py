@@ -26,11 +26,15 @@ log = logging.getLogger("flodl_hf.builder")
 class DdpBuilder:
     """Builder mode: the framework owns the training loop (local SGD, averaged per policy).
 
-    ``model_factory(device) -> nn.Module``, ``optim_factory(params) -> Optimizer`` and ``train_fn(model,
-    batch) -> loss`` run inside the worker processes, so on 2+ devices they must be picklable: module-level
-    functions or ``functools.partial`` of them (lambdas and nested functions are not). ``train_fn`` only
-    computes the loss; the builder calls backward, clipping, the optimizer step and the scheduler. Batches are
-    collated with ``torch.utils.data.default_collate`` (or ``.collate_fn``) and moved to the worker's device.
+    ``model_factory(device)`` returns an ``nn.Module`` or a task head (e.g.
+    ``functools.partial(BertForSequenceClassification.on_device, config, num_labels)``);
+    ``optim_factory(params) -> Optimizer``; ``train_fn(model_or_head, batch)`` returns the loss, e.g.
+    ``head.compute_loss(enc, labels)``. They run inside the worker processes, so on 2+ devices they must be
+    picklable: module-level functions or ``functools.partial`` of them (lambdas and nested functions are not).
+    ``train_fn`` only computes the loss; the builder calls backward, clipping, the optimizer step and the
+    scheduler. The dataset is sent to each worker once, pickled with plain pickle (``flodl_hf.builder.data``).
+    Batches are collated with ``flodl_hf.builder.data.collate`` (or ``.collate_fn``) and moved to the worker's
+    device.
     """
 
     def __init__(
@@ -48,7 +52,9 @@ class DdpBuilder:
 
     # -- data ------------------------------------------------------------------------------------------------
     def dataset(self, ds: Any) -> "DdpBuilder":
-        """Any sized, indexable dataset (``len(ds)``, ``ds[i]``); workers receive it by pickling."""
+        """Anything with ``len()`` and ``[i]``, including a ``datasets.Dataset``. Sent to each worker once,
+        pickled with plain pickle in the caller (one bytes blob, no shared memory, so no file descriptor per
+        tensor); a dataset read from disk with ``datasets`` travels as a memory map by file path."""
         return self._set(dataset=ds)
 
     def batch_size(self, n: int) -> "DdpBuilder":
@@ -60,7 +66,10 @@ class DdpBuilder:
         return self._set(num_epochs=n)
 
     def collate_fn(self, fn: Callable[[list], Any]) -> "DdpBuilder":
-        """Turn a list of dataset items into a batch (default ``torch.utils.data.default_collate``)."""
+        """``fn(items) -> batch`` (picklable). Default ``flodl_hf.builder.data.collate``: torch's
+        ``default_collate``, except that dict columns of equal-length number lists (raw
+        ``datasets.Dataset`` rows: ``input_ids``) become one ``[B, L]`` tensor and strings stay lists. For
+        rows of different lengths pass ``DataCollatorWithPadding(tokenizer)``."""
         return self._set(collate_fn=fn)
 
     def seed(self, n: int) -> "DdpBuilder":
@@ -92,9 +101,23 @@ class DdpBuilder:
         """Limit how far a count moves per window and how many batches a rank may run beyond its count."""
         return self._set(max_batch_diff=n)
 
+    def progressive_dispatch(self, flag: bool) -> "DdpBuilder":
+        """Hand out each epoch in chunks from a shared pool, so a fast rank takes more and ranks stream into
+        the next epoch (default: on unless SYNC). False: one equal slice per rank per epoch. SYNC refuses
+        True: it splits each epoch equally up front."""
+        return self._set(progressive_dispatch=flag)
+
+    def max_overshoot(self, n: int) -> "DdpBuilder":
+        """CPU backend with progressive dispatch: a rank may run at most its El Che count + ``n`` batches past
+        the last average, then waits for it. Default auto: clamp(total_batches // 100, 2, 5), total_batches =
+        len(dataset) // batch_size * num_epochs; ASYNC grows it by 1 per stable guard verdict up to
+        clamp(total_batches // 50, 3, 10), never above 15. Refused with NCCL (each average holds every rank)
+        and SYNC (nobody runs ahead)."""
+        return self._set(max_overshoot=n)
+
     def divergence_threshold(self, f: float) -> "DdpBuilder":
         """Relative replica divergence above which a rising trend stops anchor growth (4x it halves the
-        anchor)."""
+        anchor). Default 0.05, as in the original."""
         return self._set(divergence_threshold=f, divergence_guard=True)
 
     def no_divergence_guard(self) -> "DdpBuilder":
@@ -119,7 +142,11 @@ class DdpBuilder:
         return self._set(scheduler=factory)
 
     def lr_scale_ratio(self, f: float) -> "DdpBuilder":
-        """Multiply the learning rate by ``1 + (world_size - 1) * f`` (f in [0, 1], default 0: no scaling)."""
+        """Multiply the learning rate by ``1 + (world_size - 1) * f`` (f in [0, 1]).
+
+        Default 0: the LR you tuned on one device is kept, the Hugging Face Trainer / Accelerate convention.
+        The original defaults to 1.0 (LR x world size, the linear-scaling rule), which for fine-tuning a
+        pretrained transformer usually diverges; set ``.lr_scale_ratio(1.0)`` to get it."""
         return self._set(lr_scale_ratio=f)
 
     # -- hooks and output ------------------------------------------------------------------------------------
@@ -141,6 +168,11 @@ class DdpBuilder:
     def metrics_fn(self, fn: Callable[[Any], None]) -> "DdpBuilder":
         """``fn(EpochMetrics)``, called in the caller's process after each epoch."""
         return self._set(metrics_fn=fn)
+
+    def timeline(self, enabled: bool = True) -> "DdpBuilder":
+        """Record a per-rank timeline: every batch, average and throttle with its start and end time, to see
+        where time went (default off)."""
+        return self._set(timeline=enabled)
 
     def progress(self, enabled: bool = True) -> "DdpBuilder":
         """Show the caller-side progress bar (default True)."""

@@ -80,20 +80,14 @@ class Coordinator:
             max_batch_diff=s.max_batch_diff,
             guard=guard,
         )
-        progressive = getattr(s, "progressive_dispatch", None)
-        self.progressive = (not self.sync) if progressive is None else bool(progressive)
+        self.progressive = s.resolved_progressive()
         self.pool = WorkPool(
             len(s.dataset), int(s.batch_size), int(s.num_epochs), self.world, equal_split=self.sync,
             slice_weights=None if (self.sync or self.progressive) else self._slice_weights,
         )
-        total = self.pool.total_batches
-        explicit = getattr(s, "max_overshoot", None)
-        self.overshoot_auto = explicit is None
-        applies = self.progressive and not self.collective and not self.sync
-        self.overshoot: Optional[int] = None
-        if applies:
-            self.overshoot = _clamp(total // 100, 2, 5) if explicit is None else int(explicit)
-        self.overshoot_ceiling = min(15, _clamp(total // 50, 3, 10))
+        self.overshoot: Optional[int] = s.resolved_max_overshoot()
+        self.overshoot_auto = s.max_overshoot is None
+        self.overshoot_ceiling = s.max_overshoot_ceiling()
         self.book = EpochBook(int(s.num_epochs), self.pool.batches_per_epoch, self.world, self.devices)
         self.cpu_rounds = CpuRounds(float(s.round_timeout_s))
         self.averager: Optional[Averager] = None
@@ -113,7 +107,7 @@ class Coordinator:
         self.final_round_done = False
         self.final_state: Any = None
         self.stopping = False
-        self.timeline_on = bool(getattr(s, "timeline", False))
+        self.timeline_on = bool(s.timeline)
         self.timeline: list[dict[str, Any]] = []
         self.t0 = time.time()
         self.bar = ProgressBar(int(s.num_epochs), enabled=bool(s.progress))

@@ -1,20 +1,27 @@
 """Worker process lifecycle: start one process per device, wait until each is ready, and stop them all.
 
 Why it exists: starting and reaping processes is where a multi-process run hangs or leaks if done carelessly,
-so it is kept in one small place with one rule: every wait is bounded. Starting pickles everything a worker
-needs (a pickling failure becomes a ValueError that says what to change); waiting for "ready" watches each
-process and the clock; stopping asks politely ("stop" command), then terminates, then kills, always reaping.
+so it is kept in one small place with one rule: every wait is bounded. Starting packs the dataset once into
+plain bytes (``data.pack_dataset``: no shared memory, so no file descriptor per tensor in the caller), pickles
+everything a worker needs, and turns a failure into a ValueError that names the real cause (the
+file-descriptor limit, or the object that cannot be pickled) and what to change; waiting for "ready" watches
+each process and the clock; stopping asks politely ("stop" command), then terminates, then kills, always
+reaping.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import os
+import pickle
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..distributed.context import DistributedError
 from .board import Board
+from .data import pack_dataset
 from .settings import BuilderSettings
 from .step import Recipe
 
@@ -38,7 +45,10 @@ class Workers:
 
 
 def start_workers(s: BuilderSettings, recipe: Recipe, devices: list[str]) -> Workers:
-    """Start one worker process per device (``s.start_method``); ValueError if they cannot be started."""
+    """Start one worker process per device (``s.start_method``); ValueError if they cannot be started.
+
+    The dataset is packed once here (plain pickle, one bytes blob) and every worker receives that blob; the
+    caller's ``recipe`` is not modified."""
     import torch.multiprocessing as tmp
 
     from .worker import WorkerSpec, worker_main
@@ -49,6 +59,7 @@ def start_workers(s: BuilderSettings, recipe: Recipe, devices: list[str]) -> Wor
         ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)
     n_cpu = sum(1 for d in devices if d == "cpu")
     speeds = [float(v) for v in s.simulate_speeds] if s.simulate_speeds is not None else [1.0] * world
+    recipe = dataclasses.replace(recipe, dataset=pack_dataset(recipe.dataset))
     spec = WorkerSpec(
         recipe=recipe,
         devices=devices,
@@ -60,7 +71,7 @@ def start_workers(s: BuilderSettings, recipe: Recipe, devices: list[str]) -> Wor
         startup_timeout_s=max(120.0, float(s.timeout_s)),
         threads=max(1, (os.cpu_count() or 1) // max(1, n_cpu)),
         parent_pid=os.getpid(),
-        timeline=bool(getattr(s, "timeline", False)),
+        timeline=bool(s.timeline),
     )
     board = Board.create(world, ctx)
     events = ctx.Queue()
@@ -83,13 +94,59 @@ def start_workers(s: BuilderSettings, recipe: Recipe, devices: list[str]) -> Wor
         for p in started:
             p.kill()
             p.join(timeout=2.0)
-        raise ValueError(
-            f"the builder could not start its workers ({type(exc).__name__}: {exc}). Everything a worker "
-            "needs (dataset, model_factory, optim_factory, train_fn, collate_fn, scheduler, epoch_fn) "
-            "reaches it by pickling: use module-level functions or functools.partial, and a dataset "
-            "without open files, locks or lambdas"
-        ) from exc
+        raise ValueError(start_error(exc, recipe)) from exc
     return Workers(procs, events, cmds, board, devices, speeds, spec.startup_timeout_s)
+
+
+def _too_many_files(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    e: Optional[BaseException] = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
+            return True
+        if "Too many open files" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _short(value: object, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def start_error(exc: BaseException, recipe: Recipe) -> str:
+    """The message for a failed worker start: the real cause (fd limit, an unpicklable object) and the fix."""
+    what = f"the builder could not start its workers ({type(exc).__name__}: {exc})"
+    if _too_many_files(exc):
+        limit = ""
+        try:
+            import resource
+
+            limit = f" (the limit is {resource.getrlimit(resource.RLIMIT_NOFILE)[0]})"
+        except (ImportError, OSError, ValueError):
+            pass
+        return (
+            f"{what}. The caller's process ran out of file descriptors{limit}: raise the limit before "
+            "starting Python, e.g. `ulimit -n 65536`, or close files and processes this process keeps open"
+        )
+    for field in dataclasses.fields(recipe):
+        value = getattr(recipe, field.name)
+        try:
+            pickle.dumps(value)
+        except Exception as pexc:  # noqa: BLE001 - any pickling failure names the same culprit
+            hint = (
+                "use a module-level function or functools.partial of one (lambdas and functions defined "
+                "inside other functions cannot be pickled)"
+                if callable(value)
+                else "keep only picklable data in it (no open files, locks or generators)"
+            )
+            return (
+                f"{what}. Workers receive their recipe by pickling, and {field.name}={_short(value)} "
+                f"cannot be pickled ({type(pexc).__name__}: {pexc}): {hint}"
+            )
+    return f"{what}. Check the system's process and memory limits; the traceback above has the details"
 
 
 def wait_ready(

@@ -11,19 +11,27 @@ import math
 import numbers
 import pickle
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from .types import ApplyPolicy, AverageBackend
 
-__all__ = ["BuilderSettings", "DEFAULT_DIVERGENCE_THRESHOLD", "START_METHODS"]
+__all__ = ["BuilderSettings", "DEFAULT_DIVERGENCE_THRESHOLD", "START_METHODS", "MAX_OVERSHOOT_LIMIT"]
 
 #: How worker processes start: a fresh interpreter each ("spawn"), or forked from a server process that
 # imported
 #: torch once ("forkserver": much faster when a process runs several builder jobs; not on Windows).
 START_METHODS = ("spawn", "forkserver")
 
-#: Relative distance ``||p_r - avg|| / ||avg||`` above which a rising trend stops the anchor from growing.
-DEFAULT_DIVERGENCE_THRESHOLD = 0.10
+#: Relative distance ``||p_r - avg|| / ||avg||`` above which a rising trend stops the anchor from growing (the
+#: original's default, seed-builder.md).
+DEFAULT_DIVERGENCE_THRESHOLD = 0.05
+
+#: Async may grow ``max_overshoot`` one step per stable guard verdict, never above this.
+MAX_OVERSHOOT_LIMIT = 15
+
+
+def _clamp(v: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, v))
 
 
 def _is_int(v: object) -> bool:
@@ -55,6 +63,14 @@ class BuilderSettings:
     overhead_target: Any = 0.10
     max_anchor: Any = 200
     max_batch_diff: Any = None
+    progressive_dispatch: Optional[bool] = None
+    """None: on unless the policy is SYNC. On: ranks pull chunks of each epoch from a shared pool (fast ranks
+    take more, ranks stream into the next epoch); off: one equal slice per rank per epoch."""
+    max_overshoot: Optional[int] = None
+    """Progressive dispatch with the CPU backend: a rank may run at most its count + this many batches past
+    the last average. None: auto, see :meth:`resolved_max_overshoot`."""
+    timeline: bool = False
+    """Record per-rank events (batches, averages, throttles) with their times, to see where time went."""
     max_grad_norm: Any = None
     divergence_threshold: Any = DEFAULT_DIVERGENCE_THRESHOLD
     divergence_guard: bool = True
@@ -86,6 +102,43 @@ class BuilderSettings:
         if torch.cuda.is_available() and torch.cuda.device_count() > 0:
             return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
         return ["cpu"]
+
+    def resolved_progressive(self) -> bool:
+        """Whether work is handed out progressively: the setting, else on unless the policy is SYNC."""
+        if self.progressive_dispatch is not None:
+            return bool(self.progressive_dispatch)
+        return self.policy is not ApplyPolicy.SYNC
+
+    def total_batches(self) -> int:
+        """Batches of the run on one device: ``len(dataset) // batch_size * num_epochs`` (after validate)."""
+        return len(self.dataset) // int(self.batch_size) * int(self.num_epochs)
+
+    def resolved_max_overshoot(self) -> Optional[int]:
+        """The starting overshoot bound, or None where it does not apply (no progressive dispatch, SYNC, or
+        the collective backend, whose averages hold every rank anyway). Auto:
+        clamp(total_batches // 100, 2, 5)."""
+        if (
+            not self.resolved_progressive()
+            or self.policy is ApplyPolicy.SYNC
+            or self.backend is not AverageBackend.CPU
+        ):
+            return None
+        if self.max_overshoot is not None:
+            return int(self.max_overshoot)
+        return _clamp(self.total_batches() // 100, 2, 5)
+
+    def max_overshoot_ceiling(self) -> int:
+        """How far ASYNC may grow the bound (one per stable guard verdict): clamp(total_batches // 50, 3,
+        10), at least the starting value, never above 15 unless the user set a larger start (then no growth).
+        Computed from the configured or auto start even where overshoot does not apply."""
+        start = (
+            int(self.max_overshoot)
+            if self.max_overshoot is not None
+            else _clamp(self.total_batches() // 100, 2, 5)
+        )
+        if start >= MAX_OVERSHOOT_LIMIT:
+            return start
+        return min(MAX_OVERSHOOT_LIMIT, max(start, _clamp(self.total_batches() // 50, 3, 10)))
 
     def validate(self) -> list[str]:  # noqa: C901 - one flat list of independent checks reads best
         """Check every setting; return the resolved devices, or raise one ValueError listing every problem."""
@@ -158,6 +211,47 @@ class BuilderSettings:
                 self.max_batch_diff,
                 ".max_batch_diff(n) takes an integer >= 1 (or leave it unset)",
             )
+        if self.progressive_dispatch is not None and not isinstance(self.progressive_dispatch, bool):
+            bad(
+                "progressive_dispatch",
+                self.progressive_dispatch,
+                ".progressive_dispatch(flag) takes True or False",
+            )
+        elif self.progressive_dispatch is True and self.policy is ApplyPolicy.SYNC:
+            bad(
+                "progressive_dispatch",
+                True,
+                "SYNC splits each epoch equally up front (every rank runs one batch per average): drop "
+                ".progressive_dispatch(True), or use ApplyPolicy.CADENCE or ASYNC",
+            )
+        if self.max_overshoot is not None:
+            if not _is_int(self.max_overshoot) or self.max_overshoot < 1:
+                bad(
+                    "max_overshoot",
+                    self.max_overshoot,
+                    ".max_overshoot(n) takes an integer >= 1 (or leave it unset: auto)",
+                )
+            elif self.policy is ApplyPolicy.SYNC:
+                bad(
+                    "max_overshoot",
+                    self.max_overshoot,
+                    "SYNC averages after every batch, so no rank runs ahead: drop .max_overshoot(n)",
+                )
+            elif self.progressive_dispatch is False:
+                bad(
+                    "max_overshoot",
+                    self.max_overshoot,
+                    "it bounds progressive dispatch, which .progressive_dispatch(False) turned off: drop one",
+                )
+            elif self.backend is not AverageBackend.CPU:
+                bad(
+                    "max_overshoot",
+                    self.max_overshoot,
+                    "with the NCCL backend every average is a collective that holds every rank, so none "
+                    "overshoots: use .backend(AverageBackend.CPU) or drop .max_overshoot(n)",
+                )
+        if not isinstance(self.timeline, bool):
+            bad("timeline", self.timeline, ".timeline(enabled) takes True or False")
         if self.max_grad_norm is not None and (not _is_real(self.max_grad_norm) or self.max_grad_norm <= 0):
             bad(
                 "max_grad_norm",
@@ -171,7 +265,7 @@ class BuilderSettings:
                 "divergence_threshold",
                 self.divergence_threshold,
                 ".divergence_threshold(f) takes a positive "
-                "relative distance, e.g. 0.1; use .no_divergence_guard() to turn the guard off",
+                "relative distance, e.g. 0.05; use .no_divergence_guard() to turn the guard off",
             )
         if not _is_real(self.lr_scale_ratio) or not 0.0 <= float(self.lr_scale_ratio) <= 1.0:
             bad(
