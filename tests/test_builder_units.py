@@ -184,6 +184,8 @@ def test_board_round_trips_rows_and_plans():
     assert board.read_plan() is None
     board.write_row(1, Row(4, 7, 123.5, True))
     assert board.read_row(1) == Row(4, 7, 123.5, True) and board.read_row(0) == Row(0, 0, 0.0, False)
+    board.write_row(2, Row(3, 1, 2.0, False, fired=3))
+    assert board.read_row(2).fired == 3 and board.read_row(0).fired == -1
     plan = Plan(round=5, counts=(3, 2, 1), mask=(True, False, True), threshold_ms=80.0, max_ahead=2)
     board.post_plan(plan)
     assert board.read_plan() == plan
@@ -194,7 +196,7 @@ def test_board_round_trips_rows_and_plans():
 def test_board_survives_a_writer_killed_mid_write():
     board = Board.create(2)
     board.write_row(1, Row(2, 3, 4.0, False))
-    board.array[5] += 1.0  # rank 1's sequence left odd, as if it died between the two writes
+    board.array[6] += 1.0  # rank 1's sequence left odd, as if it died between the two writes
     assert board.read_rows(only=(True, False)) == [Row(0, 0, 0.0, False), Row(0, 0, 0.0, False)]
     assert board.read_row(1) == Row(2, 3, 4.0, False)  # bounded wait, then the stale values
 

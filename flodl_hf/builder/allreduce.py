@@ -100,7 +100,7 @@ def average_gradients(
 ) -> tuple[int, bool, int]:
     """SYNC: every parameter's ``.grad`` becomes the sample-weighted mean gradient over the group (None where
     no rank had one, as on one device); floating buffers their plain mean. Returns (total samples, whether
-    every rank is done, the batches run by all ranks)."""
+    this is the final round: every rank is done and none brought a batch, the batches run by all ranks)."""
     present = [p.grad is not None for p in params]
     scalars = reduce_scalars(
         [float(samples), 1.0 if done else 0.0, 1.0 if samples > 0 else 0.0, *(1.0 if h else 0.0 for h in present)],
@@ -121,4 +121,4 @@ def average_gradients(
         scale = float(samples) / total if total > 0 else 0.0
         _reduce_in_buckets(grads, scale, device, bucket, divergence=False)
     _reduce_in_buckets(buffers, 1.0 / world, device, bucket, divergence=False)
-    return int(round(total)), done_sum > world - 0.5, batches
+    return int(round(total)), done_sum > world - 0.5 and total == 0, batches

@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 
 __all__ = ["Board", "Plan", "Row", "round_ready", "must_wait"]
 
-_ROW = 5  # seq, round, batches, wall_ms, done
+_ROW = 6  # seq, round, batches, wall_ms, done, fired
 _PLAN_HEAD = 6  # seq, round, static, threshold_ms (-1: count-based), max_ahead (-1: none), batch_diff (-1: none)
 
 
@@ -34,6 +34,8 @@ class Row:
     batches: int
     wall_ms: float
     done: bool
+    fired: int = -1
+    """The last round this rank found ready and entered (sticky: once one rank fires a round, all do)."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,9 @@ def round_ready(plan: Optional[Plan], rows: Sequence[Row], k: int, sync: bool = 
     Held back while the plan of round ``k`` is not posted (the previous round is still running) or while a
     taking part rank has run zero batches in the round. A rank already past round ``k`` or done with all its
     work counts as ready, and so does a rank that :func:`must_wait` holds back (it cannot run another batch
-    before this round fires, so waiting for it to reach the trigger would deadlock). Otherwise: CADENCE
+    before this round fires, so waiting for it to reach the trigger would deadlock). Because a held-back rank
+    can be released by another rank's progress, the predicate alone is not monotone: a rank that finds the
+    round ready records it (``Row.fired``) before it acts, and every rank then treats the round as fired. Otherwise: CADENCE
     (threshold set) needs ``wall_ms >= threshold``; count-based plans (SYNC, ASYNC, CADENCE before calibration)
     need ``batches >= counts[rank]``.
     """
@@ -67,6 +71,8 @@ def round_ready(plan: Optional[Plan], rows: Sequence[Row], k: int, sync: bool = 
     live = [q for q, on in enumerate(plan.mask) if on]
     if not live:
         return False
+    if any(rows[q].fired >= k for q in live):  # another rank already decided: the decision is sticky
+        return True
     for q in live:
         row = rows[q]
         if row.round > k:
@@ -161,16 +167,16 @@ class Board:
 
     # -- rows ------------------------------------------------------------------------------------------------
     def write_row(self, rank: int, row: Row) -> None:
-        self._write(rank * _ROW, (row.round, row.batches, row.wall_ms, 1.0 if row.done else 0.0))
+        self._write(rank * _ROW, (row.round, row.batches, row.wall_ms, 1.0 if row.done else 0.0, row.fired + 1))
 
     def read_row(self, rank: int) -> Row:
-        r, b, w, d = self._read(rank * _ROW, _ROW - 1)
-        return Row(int(r), int(b), w, d > 0.5)
+        r, b, w, d, f = self._read(rank * _ROW, _ROW - 1)
+        return Row(int(r), int(b), w, d > 0.5, int(f) - 1)  # stored + 1: a never-written row fired nothing
 
     def read_rows(self, only: Optional[Sequence[bool]] = None) -> list[Row]:
         """Every row, or only those where ``only[q]`` is true (the others read as an empty row), so that a
         dropped worker's row is never read again."""
-        empty = Row(0, 0, 0.0, False)
+        empty = Row(0, 0, 0.0, False, -1)
         return [self.read_row(q) if only is None or only[q] else empty for q in range(self.world)]
 
     # -- plan ------------------------------------------------------------------------------------------------

@@ -376,7 +376,7 @@ class Coordinator:
                 res.left_out, res.round, self._round_timeout(),
             )
         self.global_step += res.batches
-        final = res.all_done and self.pool.all_complete()
+        final = res.all_done and self.pool.all_complete() and not (self.sync and res.batches)
         want_state = bool(self.pending_ckpt or final) and not self.sync
         self.averaging = True
         assert self.averager is not None and self.layout is not None  # noqa: S101

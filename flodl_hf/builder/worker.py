@@ -93,6 +93,7 @@ class _Worker:
         self.state = ModelState(self.rep.model)
         # progress in the current round, and what is pending
         self.k = 0
+        self.fired = -1
         self.batches = 0
         self.samples = 0
         self.wall_ms = 0.0
@@ -166,7 +167,7 @@ class _Worker:
             self.events.put(("state", self.rank, self.k, self.state.flat_state(), self.state.other_values(), False))
 
     def publish(self) -> None:
-        self.board.write_row(self.rank, Row(self.k, self.batches, self.wall_ms, self.done))
+        self.board.write_row(self.rank, Row(self.k, self.batches, self.wall_ms, self.done, self.fired))
 
     def timeline(self, kind: str, t0: float, t1: float, **extra: Any) -> None:
         if self.spec.timeline:
@@ -255,7 +256,7 @@ class _Worker:
                 continue
             plan = self.board.read_plan()
             rows = self.board.read_rows(only=plan.mask if plan is not None else None)
-            rows[self.rank] = Row(self.k, self.batches, self.wall_ms, self.done)
+            rows[self.rank] = Row(self.k, self.batches, self.wall_ms, self.done, self.fired)
             blocked = (must_wait(plan, rows, self.rank, self.sync) or self.reload
                        or (self.sync and self.snap_round is not None))
             if self.work and not blocked:
@@ -273,7 +274,7 @@ class _Worker:
     def train_one(self) -> None:
         epoch, b = self.work.popleft()
         t0 = time.time()
-        lr, step = self.rep.lr(), self.global_step + (0 if self.sync else self.batches)
+        lr, step = self.rep.lr(), self.rep.schedule.at
         if self.sync:
             start = time.perf_counter()
             loss, samples, _, scalars = self.rep.backward(epoch, b)
@@ -293,6 +294,8 @@ class _Worker:
             return False
         if not round_ready(plan, self.board.read_rows(only=plan.mask), self.k, self.sync):
             return False
+        self.fired = self.k
+        self.publish()  # before acting: a rank held back by us may be released by our next batch, never now
         if self.collective:
             self.all_reduce_round()
         else:
