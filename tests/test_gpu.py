@@ -100,3 +100,51 @@ def test_nccl_masked_token_losses_and_frozen_layers_match_the_reference():
     for i, case in enumerate(cases):
         check_case(case, [{**per_rank[r][i], "params": {k: v.cpu() for k, v in per_rank[r][i]["params"].items()}}
                           for r in range(2)])
+
+
+# ------------------------------------------------------------------------------------------ builder mode
+@requires_gpus(1)
+def test_builder_cpu_backend_two_workers_share_one_gpu():
+    """The CPU backend's shared-memory slots with CUDA replicas: snapshots copy device to host, averages host to
+    device; two workers may share one GPU (no NCCL involved)."""
+    import builder_exact_helpers as ex
+
+    from flodl_hf import ApplyPolicy, AverageBackend
+
+    handle = (Trainer.builder(ex.make_model, ex.adamw, ex.loss_fn).dataset(ex.Indexed(512)).batch_size(16)
+              .num_epochs(2).policy(ApplyPolicy.CADENCE).backend(AverageBackend.CPU)
+              .devices(["cuda:0", "cuda:0"]).timeout(60).progress(False).run())
+    state = handle.join(timeout=300)
+    assert all(torch.isfinite(v).all() for v in state.state_dict().values() if v.is_floating_point())
+    assert handle.metrics[-1].avg_loss < handle.metrics[0].avg_loss
+
+
+@requires_gpus(1)
+def test_builder_sync_on_a_cpu_and_a_gpu_worker_equals_one_process():
+    """SYNC over gloo with one CPU and one CUDA replica (gradients cross devices in the bucketed all-reduce)."""
+    import builder_exact_helpers as ex
+    from test_builder_exact import _reference_sync
+
+    from flodl_hf import ApplyPolicy, AverageBackend
+
+    state = (Trainer.builder(ex.make_model, ex.adamw, ex.loss_fn).dataset(ex.Indexed(96)).batch_size(8)
+             .num_epochs(2).policy(ApplyPolicy.SYNC).backend(AverageBackend.NCCL).devices(["cpu", "cuda:0"])
+             .timeout(60).progress(False).run().join(timeout=300))
+    reference = _reference_sync(96, 8, 2, 2, None)
+    for key, value in reference.items():
+        torch.testing.assert_close(state.state_dict()[key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+@requires_gpus(2)
+def test_builder_sync_over_nccl_equals_one_process():
+    import builder_exact_helpers as ex
+    from test_builder_exact import _reference_sync
+
+    from flodl_hf import ApplyPolicy, AverageBackend
+
+    state = (Trainer.builder(ex.make_model, ex.adamw, ex.loss_fn).dataset(ex.Indexed(96)).batch_size(8)
+             .num_epochs(2).policy(ApplyPolicy.SYNC).backend(AverageBackend.NCCL).devices(["cuda:0", "cuda:1"])
+             .timeout(60).progress(False).run().join(timeout=300))
+    reference = _reference_sync(96, 8, 2, 2, None)
+    for key, value in reference.items():
+        torch.testing.assert_close(state.state_dict()[key], value, rtol=1e-4, atol=1e-5, msg=key)
