@@ -227,9 +227,12 @@ def run(args, devices, speeds, epochs, batches, policy=ApplyPolicy.CADENCE, back
 def _fmt_probe(probe: dict) -> str:
     idle = ", ".join("-" if v is None else f"{v:.3f}" for v in probe["idle"])
     m = probe["model_fp32_mb"]
-    workers = ", ".join("-" if v is None else f"{v:.0f} MB ({v / m:.1f}x)" for v in probe["worker_peak_mb"])
-    caller = probe["caller_peak_mb"] or 0.0
-    return f"idle [{idle}]  peak workers [{workers}]  caller {caller:.0f} MB ({caller / m:.1f}x)"
+
+    def mb(v: Optional[float]) -> str:  # the multiple of the model's size says little for a tiny model
+        return "-" if v is None else f"{v:.0f} MB" + (f" ({v / m:.1f}x model)" if m >= 1.0 else "")
+
+    workers = ", ".join(mb(v) for v in probe["worker_peak_mb"])
+    return f"idle [{idle}]  peak workers [{workers}]  caller {mb(probe['caller_peak_mb'])}"
 
 
 def main() -> None:

@@ -4,8 +4,8 @@ items carry their own index, and a ``train_fn`` that logs every batch it trains 
 Why it exists apart from ``builder_chaos.py``: builder workers unpickle ``model_factory``, ``optim_factory``
 and ``train_fn`` by module name, so they must live in a small module that imports only torch (and
 transformers for the scheduler), never the harness. Coverage is judged against these logs, not against the
-engine's own metrics: every ``train_fn`` call appends the batch's dataset indices to ``<log_dir>/w<pid>.log`` (open,
-append, flush, close per batch), so a batch is on disk before its loss is even computed.
+engine's own metrics: every ``train_fn`` call appends the batch's dataset indices to ``<log_dir>/w<pid>.log``
+(open, append, flush, close per batch), so a batch is on disk before its loss is even computed.
 
 The model is an ``EmbeddingBag(vocab, dim)`` (mean of a row's token embeddings) and a ``Linear(dim,
 classes)``: 250k x 128 gives 32M parameters while a batch costs one gather, so a 30M-parameter run stays cheap

@@ -1,8 +1,8 @@
 """A CI-sized subset of the builder chaos harness (``scripts/builder_chaos.py``): six seeded small runs, each
 in its own caller subprocess under ``ulimit -n 1024`` and a hard timeout, judged from the outside (coverage
 from the workers' own logs of the indices they trained on; no orphan processes, caller fd growth, /dev/shm
-files or LISTEN sockets left). Every run must end ok, or with the documented clear error (a killed worker under the
-NCCL backend: ``DistributedError`` naming it).
+files or LISTEN sockets left). Every run must end ok, or with the documented clear error
+(a killed worker under the NCCL backend: ``DistributedError`` naming it).
 
 The cases: the three policies on both backends with 2-3 workers and the three dataset shapes; a worker that
 SIGKILLs itself mid-batch under the CPU backend (the survivors must finish, exactly once per batch except the
