@@ -255,16 +255,13 @@ class SequenceClassificationHead:
                 f"this {type(self).__name__} has no tokenizer (heads built by on_device/from_config "
                 "have none): set head.tokenizer = AutoTokenizer.from_pretrained(...)"
             )
-        limit = (
-            self.max_length
-            if max_length is None
-            else min(_inputs.check_max_length(max_length), self.max_length)
-        )
+        limit = self.max_length if max_length is None else min(_inputs.check_max_length(max_length), self.max_length)
         batch = self.tokenizer(
             texts,
             padding="longest",
             truncation=True,
             max_length=limit,
+            pad_to_multiple_of=_inputs.pad_multiple(self._graph.device, limit, self.max_positions(self.config())),
             return_tensors="pt",
             return_token_type_ids="token_type_ids" in self.input_names,
         )

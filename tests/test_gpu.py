@@ -148,3 +148,21 @@ def test_builder_sync_over_nccl_equals_one_process():
     reference = _reference_sync(96, 8, 2, 2, None)
     for key, value in reference.items():
         torch.testing.assert_close(state.state_dict()[key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+@requires_gpus(1)
+def test_encode_on_cuda_pads_to_a_multiple_of_8_and_keeps_the_logits():
+    """Dynamic padding gave bf16 attention a new shape per batch (4x slower on an H200); on CUDA batches are
+    padded to a multiple of 8 tokens, which masks out and so leaves the logits unchanged."""
+    torch.manual_seed(0)
+    config = tiny_models.tiny_config("bert", num_labels=2)
+    head = AutoHeadForSequenceClassification.from_config(config, tokenizer=tiny_models.tiny_tokenizer("bert"))
+    texts = ["good", "a really quite great movie"]
+    cpu = head.eval().encode(texts)
+    with torch.no_grad():
+        ref = head.forward(cpu)
+    head.to("cuda:0")
+    enc = head.encode(texts)
+    assert enc["input_ids"].shape[1] % 8 == 0 and enc["input_ids"].shape[1] >= cpu["input_ids"].shape[1]
+    with torch.no_grad():
+        torch.testing.assert_close(head.forward(enc).cpu(), ref, rtol=1e-4, atol=1e-4)
