@@ -409,3 +409,13 @@ def test_record_scalar_outside_a_run_is_a_no_op():
     fb.record_scalar("x", 1.0)
     with pytest.raises(ValueError, match="non-empty string"):
         fb.record_scalar("", 1.0)
+
+
+def test_progressive_dispatch_off_cuts_each_epoch_into_one_slice_per_rank_by_weight():
+    weights = [3.0, 1.0]
+    pool = WorkPool(80, 2, 2, 2, equal_split=False, slice_weights=lambda: weights)  # 40 batches per epoch
+    first = pool.take(0, 100)
+    assert [b for e, b in first if e == 0] == list(range(30))  # rank 0's contiguous slice of epoch 0: 3/4
+    assert pool.take(1, 100)[:10] == [(0, i) for i in range(30, 40)]
+    seen = [item for r in (0, 1) for item in pool._held[r]]
+    assert sorted(seen) == sorted(set(seen)) and len(seen) == 80  # every batch of both epochs once

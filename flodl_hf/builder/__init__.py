@@ -1,9 +1,10 @@
 """Builder mode: ``Trainer.builder(model_factory, optim_factory, train_fn)...run()`` trains without a user
 loop.
 
-One worker process per device trains its replica with local SGD; a coordinator thread in the caller's process
-hands out the data progressively, runs El Che, and has the parameters averaged per ``ApplyPolicy`` with the
-chosen ``AverageBackend``. Module map:
+One worker process per device trains its replica (local SGD under CADENCE and ASYNC; synchronous data
+parallelism, with averaged gradients, under SYNC); a coordinator thread in the caller's process hands out the
+data progressively, runs El Che, and has the replicas averaged per ``ApplyPolicy`` with the chosen
+``AverageBackend``. Module map:
 
 - ``builder``: ``DdpBuilder`` (setters, ``run``); ``settings``: validation; ``handle``: ``DdpHandle``
 - ``types``: ``ApplyPolicy``, ``AverageBackend``, ``EpochMetrics``, ``TrainedState``; ``scalars``:
@@ -11,8 +12,10 @@ chosen ``AverageBackend``. Module map:
 - ``coordinator``: the multi-device run; ``worker``: the worker process; ``local``: the single-device run
 - ``lifecycle``: starting, awaiting and stopping worker processes (every wait bounded)
 - ``board``: the shared status board and the round trigger; ``workpool``: progressive dispatch
-- ``rounds``: CPU-backend averaging; ``state``: flat parameter vectors; ``guard``: divergence guard + anchor
-- ``step``: one training step; ``epochs``: per-epoch metrics; ``checkpoint``: atomic files; ``progress``: tqdm
+- ``rounds``: CPU-backend rounds and the averager thread; ``slots``: their shared-memory slots; ``allreduce``:
+  the collective backend's bucketed averages; ``state``: flat views of a model; ``guard``: divergence guard + anchor
+- ``step``: one training step and the global-step schedule; ``data``: the dataset sent once, the default collate
+- ``epochs``: per-epoch metrics; ``checkpoint``: atomic files; ``progress``: tqdm; ``timeline``: plot a run
 """
 
 from __future__ import annotations
