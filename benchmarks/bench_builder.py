@@ -26,8 +26,16 @@ run, the table also reports
   post-hook), divided by the worker's simulated speed (the SIMULATED slowdown sleep comes after the step and
   is compute time), and span runs from the worker's first batch start to its last batch end; both are written
   by the worker to a per-pid file;
+- the engine's own account (``.timeline()``, ``flodl_hf.builder.timeline.summarize``) per worker: ``wait`` = the
+  fraction of its span spent neither loading and computing batches nor averaging (throttles, waiting for work
+  or for an average: what "idle" means for the acceptance target), and ``sync`` = the fraction spent taking
+  snapshots or all-reducing and applying averages. The outside figure above also counts data loading and
+  collation (before ``train_fn``) as idle;
 - peak memory: VmHWM of the caller and of each worker pid (``/proc/<pid>/status``, polled until ``join``), in
-  MB and as a multiple of the model's fp32 size.
+  MB and as a multiple of the model's fp32 size. VmHWM counts shared-memory pages (the CPU backend's slots) in
+  every process that touches them, so the table also gives the peak of the processes' summed PSS (each shared
+  page divided among its users): the machine's real footprint. The caller's VmHWM is the bench process's peak
+  over its whole life, earlier runs included.
 
 Command for the 32M figures (CPU backend, CADENCE and ASYNC, no solo runs):
 ``python benchmarks/bench_builder.py --model bag32m --policies CADENCE ASYNC --backends CPU --no-solo
@@ -171,6 +179,18 @@ def vm_hwm_mb(pid: Any = "self") -> Optional[float]:
     return None
 
 
+def pss_mb(pid: Any = "self") -> Optional[float]:
+    """Proportional set size of a process in MB (shared pages divided among the processes mapping them)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
 def accuracy(model: torch.nn.Module) -> float:
     data = Points(2000, seed=99)
     with torch.no_grad():
@@ -198,15 +218,21 @@ def run(args, devices, speeds, epochs, batches, policy=ApplyPolicy.CADENCE, back
         .anchor(args.anchor)
         .progress(False)
         .start_method(args.start_method)
+        .timeline()
     )
+    base_pss = pss_mb() or 0.0
     handle = b.run()
     pids = [p for p in handle.worker_pids if p is not None]
     peaks: dict[int, float] = {}
+    pss_peak = 0.0
     while not handle.done:  # VmHWM only grows: the last reading before a worker exits is its peak
         for pid in pids:
             v = vm_hwm_mb(pid)
             if v is not None:
                 peaks[pid] = max(peaks.get(pid, 0.0), v)
+        if pids:
+            total = sum(v for v in (pss_mb(pid) for pid in [*pids, "self"]) if v is not None) - base_pss
+            pss_peak = max(pss_peak, total)
         time.sleep(0.2)
     caller_mb = vm_hwm_mb()
     state = handle.join(timeout=900)
@@ -214,7 +240,15 @@ def run(args, devices, speeds, epochs, batches, policy=ApplyPolicy.CADENCE, back
     samples = sum(m.samples for m in metrics)
     seconds = sum(m.epoch_ms for m in metrics) / 1000.0
     model_mb = sum(v.numel() * 4 for v in state.state_dict().values()) / 2**20
+    from flodl_hf.builder.timeline import summarize
+
+    engine = summarize(handle.timeline())
     probe = {
+        "engine_wait": [engine[r]["idle"] / engine[r]["span"] if engine.get(r, {}).get("span") else None
+                        for r in range(len(pids))],
+        "engine_sync": [(engine[r].get("sync", 0.0) + engine[r].get("apply", 0.0)) / engine[r]["span"]
+                        if engine.get(r, {}).get("span") else None for r in range(len(pids))],
+        "pss_peak_mb": pss_peak if pids else None,
         "idle": idle_fractions(timing_dir, pids, list(speeds)) if pids else [],
         "worker_peak_mb": [peaks.get(p) for p in pids],
         "caller_peak_mb": caller_mb,
@@ -232,7 +266,13 @@ def _fmt_probe(probe: dict) -> str:
         return "-" if v is None else f"{v:.0f} MB" + (f" ({v / m:.1f}x model)" if m >= 1.0 else "")
 
     workers = ", ".join(mb(v) for v in probe["worker_peak_mb"])
-    return f"idle [{idle}]  peak workers [{workers}]  caller {mb(probe['caller_peak_mb'])}"
+
+    def fr(vals: list) -> str:
+        return ", ".join("-" if v is None else f"{v:.3f}" for v in vals)
+
+    return (f"engine: wait [{fr(probe['engine_wait'])}] sync [{fr(probe['engine_sync'])}]  outside train_fn/step "
+            f"[{idle}]\n         peak workers [{workers}]  caller {mb(probe['caller_peak_mb'])}  "
+            f"run's PSS sum {mb(probe['pss_peak_mb'])}")
 
 
 def main() -> None:

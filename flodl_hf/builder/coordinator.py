@@ -183,7 +183,9 @@ class Coordinator:
                 counts=tuple(self.anchor.counts()),
                 mask=mask,
                 threshold_ms=threshold,
-                max_ahead=self.overshoot,
+                # before El Che has timed the ranks its counts are a guess (equal): holding a fast rank to one
+                # would make the first window run at the slowest rank's pace
+                max_ahead=self.overshoot if self.anchor.el.calibrated else None,
                 batch_diff=self.s.max_batch_diff,
             )
         self.plan = plan
