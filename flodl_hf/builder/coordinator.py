@@ -124,6 +124,9 @@ class Coordinator:
             if self.averager is not None:
                 self.averager.close()
             self._shutdown()
+            self.averager = None  # break the averager <-> coordinator cycle and free the shared slots now:
+            self.slots = None  # a handle the user keeps must not pin the run's memory and descriptors
+            self.board = self.workers.board = None  # type: ignore[assignment]
             self.bar.close()
             self.metrics.put(None)
 

@@ -56,6 +56,9 @@ class DdpHandle:
     @property
     def worker_pids(self) -> list[Optional[int]]:
         """Process ids of the workers (empty for a single-device run)."""
+        workers = getattr(self._runner, "workers", None)
+        if workers is not None and workers.pids is not None:
+            return list(workers.pids)
         return [p.pid for p in self._runner.procs]
 
     @property

@@ -42,6 +42,7 @@ class Workers:
     devices: list[str]
     speeds: list[float]
     startup_timeout_s: float
+    pids: Optional[list[Optional[int]]] = None  # kept once the processes are closed
 
 
 def start_workers(s: BuilderSettings, recipe: Recipe, devices: list[str]) -> Workers:
@@ -200,5 +201,20 @@ def stop_workers(w: Workers, grace_s: float = 5.0) -> None:
         try:
             q.cancel_join_thread()  # never block this process's exit on messages nobody will read
             q.close()
+            # close() leaves the read end open until the queue is collected, and the write end too when this
+            # process never put anything (no feeder thread to close it)
+            ends = [getattr(q, "_reader", None)]
+            if getattr(q, "_thread", None) is None:
+                ends.append(getattr(q, "_writer", None))
+            for end in ends:
+                if end is not None:
+                    end.close()
         except Exception:  # noqa: BLE001 - best effort
             pass
+    pids = [p.pid for p in w.procs]
+    for p in w.procs:  # release each process's sentinel pipe now, not when a held handle is collected
+        try:
+            p.close()
+        except Exception:  # noqa: BLE001 - still running after kill: keep it
+            pass
+    w.pids = pids
