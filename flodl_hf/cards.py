@@ -5,6 +5,10 @@ curve, intended use) in the format the Hugging Face Hub reads. The text comes fr
 ``model_cards/default.md``, rendered through ``huggingface_hub.ModelCard.from_template``; the metadata is a
 ``ModelCardData`` whose ``eval_results`` become the ``model-index`` block. ``check_model_card`` parses a written card
 back and checks it offline (the Hub's own validator needs the network).
+
+Hub conventions: a flodl-hf model is a plain transformers model, so the card says ``library_name: transformers``
+(which gives the Hub's "Use in Transformers" snippet) and carries a ``flodl-hf`` tag; ``datasets:`` names a dataset
+only when it is a Hub id (``CardInfo.dataset_hub_id``), never a local file name that would become a broken link.
 """
 
 from __future__ import annotations
@@ -14,12 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-__all__ = ["CardInfo", "build_model_card", "write_model_card", "check_model_card", "LIBRARY_NAME",
-           "PIPELINE_TAG", "default_template_path"]
+__all__ = ["CardInfo", "build_model_card", "write_model_card", "check_model_card", "upgrade_card_metadata",
+           "write_basic_card",
+           "LIBRARY_NAME", "FLODL_TAG", "PIPELINE_TAG", "default_template_path"]
 
-LIBRARY_NAME = "flodl-hf"
+LIBRARY_NAME = "transformers"
+"""``library_name`` of every card: the model loads with transformers alone."""
+FLODL_TAG = "flodl-hf"
+"""Tag that marks a model trained with flodl-hf (it used to be the ``library_name``)."""
 PIPELINE_TAG = "text-classification"
-_REQUIRED_METADATA = ("library_name", "pipeline_tag", "tags", "metrics", "datasets")
+_REQUIRED_METADATA = ("library_name", "pipeline_tag", "tags", "metrics")
 
 
 def default_template_path() -> Path:
@@ -35,7 +43,7 @@ class CardInfo:
     labels: Sequence[str]
     metrics: dict
     dataset_name: str
-    """Short dataset identifier (a Hub dataset id when there is one; else a name for the local file)."""
+    """Short dataset name shown in the card and its evaluation results (a Hub id, or a local file's name)."""
     train_rows: int
     eval_rows: int
     base_model: Optional[str] = None
@@ -55,25 +63,33 @@ class CardInfo:
     max_length: Optional[int] = None
     example_text: str = "What a great day!"
     notes: str = ""
+    dataset_hub_id: Optional[str] = None
+    """The Hub dataset id (e.g. ``"glue"`` or ``"stanfordnlp/imdb"``) when the data came from the Hub; it becomes the
+    ``datasets:`` metadata. None for local files (no ``datasets:`` entry: it would be a broken link)."""
+    pairs: bool = False
+    """True when the model classifies sentence pairs: the usage snippets then pass ``text`` and ``text_pair``."""
+    example_pair: str = "It was a wonderful day."
+    """Second text of the pair example (used when ``pairs``)."""
 
 
 def _card_data(info: CardInfo) -> Any:
     from huggingface_hub import EvalResult, ModelCardData
 
     results = [
-        EvalResult(task_type=PIPELINE_TAG, task_name="Text Classification", dataset_type=info.dataset_name,
+        EvalResult(task_type=PIPELINE_TAG, task_name="Text Classification",
+                   dataset_type=info.dataset_hub_id or "local",
                    dataset_name=info.dataset_name, dataset_split="held-out", metric_type=metric,
                    metric_name=name, metric_value=round(float(info.metrics[key]), 4), metric_config=config)
         for metric, name, key, config in (("accuracy", "Accuracy", "accuracy", None),
                                           ("f1", "Macro F1", "macro_f1", "macro"))
     ]
-    tags = [LIBRARY_NAME, PIPELINE_TAG]
+    tags = [FLODL_TAG, PIPELINE_TAG]
     if info.model_type:
         tags.append(info.model_type)
     tags.extend(info.extra_tags)
     return ModelCardData(
         base_model=info.base_model,
-        datasets=[info.dataset_name],
+        datasets=[info.dataset_hub_id] if info.dataset_hub_id else None,
         eval_results=results,
         language=info.language,
         library_name=LIBRARY_NAME,
@@ -117,6 +133,8 @@ def build_model_card(info: CardInfo, template_path: Optional[Union[str, Path]] =
             raise ValueError(f"CardInfo.metrics has no {key!r}: pass flodl_hf.metrics.classification_summary(...)")
     if not info.labels:
         raise ValueError("CardInfo.labels is empty: a classifier card needs its label names")
+    if info.dataset_hub_id is not None:
+        _check_hub_id(info.dataset_hub_id)
     description = info.dataset_description or f"`{info.dataset_name}`"
     return ModelCard.from_template(
         _card_data(info),
@@ -133,6 +151,8 @@ def build_model_card(info: CardInfo, template_path: Optional[Union[str, Path]] =
         training_rows=[(_cell(k), _cell(v)) for k, v in info.training.items()],
         loss_curve=info.loss_curve,
         example_text=_example(info.example_text),
+        example_pair=_example(info.example_pair),
+        pairs=bool(info.pairs),
         max_length=info.max_length,
         notes=info.notes,
     )
@@ -146,10 +166,11 @@ def write_model_card(info: CardInfo, directory: Union[str, Path], filename: str 
     return path
 
 
-def check_model_card(path: Union[str, Path]) -> Any:
+def check_model_card(path: Union[str, Path], *, scores: bool = True) -> Any:
     """Load a card with ``ModelCard.load`` (strict metadata parsing) and check the fields flodl-hf promises.
 
-    Returns the loaded card; raises ``ValueError`` listing every problem found.
+    ``scores=False`` accepts a card without evaluation results (:func:`write_basic_card`'s). Returns the loaded
+    card; raises ``ValueError`` listing every problem found.
     """
     from huggingface_hub import ModelCard
 
@@ -161,13 +182,25 @@ def check_model_card(path: Union[str, Path]) -> Any:
     except Exception as exc:  # yaml errors, invalid model-index, ...
         raise ValueError(f"{path}: the model card metadata does not parse: {exc}") from exc
     data = card.data
-    problems = [f"missing metadata field {key!r}" for key in _REQUIRED_METADATA if not data.get(key)]
+    required = _REQUIRED_METADATA if scores else tuple(k for k in _REQUIRED_METADATA if k != "metrics")
+    problems = [f"missing metadata field {key!r}" for key in required if not data.get(key)]
     if data.get("library_name") not in (None, LIBRARY_NAME):
-        problems.append(f"library_name is {data.get('library_name')!r}, expected {LIBRARY_NAME!r}")
+        problems.append(f"library_name is {data.get('library_name')!r}, expected {LIBRARY_NAME!r} (a flodl-hf model "
+                        "is a transformers model; `flodl-hf export` rewrites an older card)")
+    tags = data.get("tags") or []
+    if tags and FLODL_TAG not in tags:
+        problems.append(f"tags {tags!r} lack {FLODL_TAG!r}")
+    datasets = data.get("datasets")
+    if datasets is not None:
+        for name in datasets if isinstance(datasets, list) else [datasets]:
+            try:
+                _check_hub_id(name)
+            except ValueError as exc:
+                problems.append(str(exc))
     if data.get("pipeline_tag") not in (None, PIPELINE_TAG):
         problems.append(f"pipeline_tag is {data.get('pipeline_tag')!r}, expected {PIPELINE_TAG!r}")
     results = data.get("eval_results") or []
-    if not results:
+    if not results and scores:
         problems.append("no model-index evaluation results")
     for result in results:
         if not isinstance(result.metric_value, (int, float)):
@@ -177,3 +210,71 @@ def check_model_card(path: Union[str, Path]) -> Any:
     if problems:
         raise ValueError(f"{path}: invalid model card: " + "; ".join(problems))
     return card
+
+
+def _check_hub_id(name: Any) -> str:
+    """``name`` if it can be a Hub dataset id (``name`` or ``owner/name``), else ValueError: a file path or a
+    name with spaces would become a broken link on the Hub."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        if not isinstance(name, str) or name.endswith((".csv", ".tsv", ".json", ".jsonl", ".parquet", ".arrow")):
+            raise HFValidationError("a file name")
+        validate_repo_id(name)
+    except HFValidationError:
+        raise ValueError(f"datasets entry {name!r} is not a Hub dataset id: give dataset_hub_id only for data "
+                         "loaded from the Hub (e.g. 'stanfordnlp/imdb'), None for local files") from None
+    return name
+
+
+def upgrade_card_metadata(path: Union[str, Path]) -> bool:
+    """Rewrite an older flodl-hf card's metadata to the Hub conventions above: ``library_name: transformers``,
+    the ``flodl-hf`` tag, and no ``datasets:`` entry that is not a Hub id. Returns True when the file changed."""
+    from huggingface_hub import ModelCard
+
+    path = Path(path)
+    card = ModelCard.load(path)
+    data, changed = card.data, False
+    if data.get("library_name") != LIBRARY_NAME:
+        data.library_name, changed = LIBRARY_NAME, True
+    tags = list(data.get("tags") or [])
+    if FLODL_TAG not in tags:
+        data.tags, changed = [FLODL_TAG, *tags], True
+    datasets = data.get("datasets")
+    if datasets:
+        kept = []
+        for name in datasets if isinstance(datasets, list) else [datasets]:
+            try:
+                kept.append(_check_hub_id(name))
+            except ValueError:
+                changed = True
+        data.datasets = kept or None
+    if changed:
+        card.save(path)
+    return changed
+
+
+def write_basic_card(directory: Union[str, Path], *, model_name: str, labels: Sequence[str],
+                     model_type: Optional[str] = None, max_length: Optional[int] = None, pairs: bool = False,
+                     filename: str = "README.md") -> Path:
+    """A short card for a head pushed without a training run's scores (``head.push_to_hub`` without ``card=``):
+    the same metadata conventions, the labels and how to use it. Checked with ``check_model_card(scores=False)``."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    if not labels:
+        raise ValueError("labels is empty: a classifier card needs its label names")
+    tags = [FLODL_TAG, PIPELINE_TAG] + ([model_type] if model_type else [])
+    data = ModelCardData(library_name=LIBRARY_NAME, pipeline_tag=PIPELINE_TAG, tags=tags, model_name=model_name)
+    call = ('classifier({"text": "first text", "text_pair": "second text"})' if pairs
+            else 'classifier("What a great day!")')
+    limit = f" Texts are truncated to {max_length} tokens, as in training." if max_length else ""
+    text = (f"---\n{data.to_yaml()}\n---\n\n# {_cell(model_name)}\n\n"
+            f"A text classifier fine-tuned with [flodl-hf](https://pypi.org/project/flodl-hf/), with "
+            f"{len(labels)} labels: {', '.join(_cell(label) for label in labels)}.{limit}\n\n"
+            "## How to use\n\n```python\nfrom transformers import pipeline\n\n"
+            'classifier = pipeline("text-classification", model="' + _cell(model_name) + '", truncation=True)\n'
+            f"{call}\n```\n")
+    path = Path(directory) / filename
+    ModelCard(text).save(path)
+    check_model_card(path, scores=False)
+    return path

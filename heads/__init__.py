@@ -1,13 +1,18 @@
 """Task heads: text classifiers to fine-tune, one module per model family plus auto dispatch.
 
 It exists to give the training loop one surface for every family (``from_pretrained``, ``on_device``,
-``config``, ``labels``, ``encode``, ``collate``, ``compute_loss``, ``predict``, ``graph``, ``save_pretrained``).
-Importing it only defines classes. Files:
+``config``, ``labels``, ``encode``, ``collate``, ``compute_loss``, ``predict``, ``graph``, ``save_pretrained``,
+``push_to_hub``), which also keeps a transformers user's habits (``head(**enc)``, sentence pairs, ``pipeline``
+agreeing with ``predict``). Importing it only defines classes. Files:
 
 - ``_base.py``: SequenceClassificationHead, the shared behaviour.
-- ``_inputs.py``: checks and parsing of texts, collate items, label names, lengths.
+- ``_inputs.py``: checks and parsing of texts, sentence pairs, collate items, label names, lengths.
+- ``_encode.py``: tokenising texts and pairs like transformers does; ranking outputs into predictions.
+- ``_run.py``: ``head(**enc)`` (a ``SequenceClassifierOutput``) and ``predict``.
+- ``_load.py``: the steps of ``from_pretrained`` (and the saved ``max_length``).
+- ``_hub.py``: transformers' ``from_pretrained`` keywords; ``push_to_hub``.
 - ``_io.py``: strict checkpoint loading and the error types.
-- ``_save.py``: atomic saving.
+- ``_save.py``: atomic saving; the tokenizer saved with the head's ``max_length``.
 - ``_losses.py``: labels to tensors, label checks, the losses.
 - ``bert.py``, ``distilbert.py``, ``roberta.py``, ``albert.py``, ``xlm_roberta.py``, ``deberta_v2.py``: families.
 - ``auto.py``: AutoHeadForSequenceClassification and SUPPORTED_MODEL_TYPES.

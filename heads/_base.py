@@ -7,12 +7,17 @@ prediction and saving are written and tested once. A head is a plain object, not
 and always reaches the model through the graph, because ``Trainer.setup_head`` swaps the graph's module for a
 replica on the target device. Head code never imports the distributed package: distribution is applied from
 outside, by ``Trainer``.
+
+For transformers users a head behaves like the model it wraps: ``from_pretrained`` takes the usual keywords
+(``_hub``), ``head(**enc)`` returns a ``SequenceClassifierOutput``, sentence pairs are encoded as transformers
+does (``_encode``), ``save_pretrained`` stores the training ``max_length`` as the tokenizer's ``model_max_length``
+so that ``pipeline("text-classification", truncation=True)`` agrees with :meth:`predict`, and ``push_to_hub``
+uploads it with a card.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Optional, Sequence, Union
@@ -21,10 +26,11 @@ import torch
 
 from flodl_hf.graph import Graph
 
-from . import _inputs, _io, _losses, _save
+from . import _encode, _hub, _inputs, _io, _load, _losses, _run, _save
 from ._io import CheckpointError, HeadKeys, PathLike
 
-__all__ = ["SequenceClassificationHead", "TransformersClass"]
+__all__ = ["SequenceClassificationHead", "TransformersClass", "DEFAULT_MAX_LENGTH"]
+DEFAULT_MAX_LENGTH = _load.DEFAULT_MAX_LENGTH
 
 Encoding = dict[str, torch.Tensor]
 Prediction = list[tuple[str, float]]
@@ -70,7 +76,7 @@ class SequenceClassificationHead:
         model: Any,
         tokenizer: Any = None,
         *,
-        max_length: int = 128,
+        max_length: int = DEFAULT_MAX_LENGTH,
         device: Optional[Union[torch.device, str]] = None,
     ) -> None:
         if self.model_class is None:
@@ -106,47 +112,41 @@ class SequenceClassificationHead:
         *,
         num_labels: Optional[int] = None,
         labels: Optional[Sequence[str]] = None,
-        max_length: int = 128,
+        max_length: Optional[int] = None,
         problem_type: Optional[str] = None,
         tokenizer: Any = None,
+        revision: Optional[str] = None,
+        dtype: Any = None,
+        torch_dtype: Any = None,
+        local_files_only: bool = False,
+        cache_dir: Optional[PathLike] = None,
+        token: Optional[Union[str, bool]] = None,
+        trust_remote_code: Optional[bool] = None,
     ) -> "SequenceClassificationHead":
         """Load a head from a checkpoint directory (or, with a network, a Hub id / the HF cache).
 
         A base checkpoint without classifier weights gets a freshly initialised head (logged once at WARNING on
         logger ``flodl_hf.heads``). ``labels`` names the classes (and sets ``num_labels``); a label count that
         disagrees with existing classifier weights raises. ``problem_type`` sets ``config.problem_type`` (e.g.
-        ``"multi_label_classification"``). ``tokenizer`` overrides the checkpoint's tokenizer. Every failure
-        raises ``CheckpointNotFoundError`` or ``CheckpointError`` naming the file or key; nothing half-loaded
-        is returned.
+        ``"multi_label_classification"``). ``tokenizer`` overrides the checkpoint's tokenizer. ``max_length``
+        None: for a checkpoint with classifier weights, the tokenizer's ``model_max_length`` (a saved head's
+        training length); for a base checkpoint, or a tokenizer that states none, 128.
+
+        transformers' keywords: ``revision``, ``cache_dir``, ``local_files_only`` and ``token`` reach the config,
+        weights and tokenizer loading; ``dtype`` (or its old name ``torch_dtype``: a torch dtype, ``"float16"``...
+        or ``"auto"``) the weights, float32 when None. ``trust_remote_code=True`` is refused (ValueError: heads
+        wrap known families). Every loading failure raises ``CheckpointNotFoundError`` or ``CheckpointError``
+        naming the file or key; nothing half-loaded is returned.
         """
-        max_length = _inputs.check_max_length(max_length)
-        config = _io.load_config(path_or_id, cls._check_model_type)
-        _inputs.apply_labels(config, num_labels, labels)
-        if problem_type is not None:
-            if problem_type not in _losses.PROBLEM_TYPES:
-                raise ValueError(
-                    f"problem_type={problem_type!r} is invalid: use one of {', '.join(_losses.PROBLEM_TYPES)}"
-                )
-            config.problem_type = problem_type
-        asked = (
-            f"labels ({len(labels)} names)"
-            if labels is not None
-            else f"num_labels={num_labels}"
-            if num_labels is not None
-            else None
+        options = _hub.load_options(
+            revision=revision, dtype=dtype, torch_dtype=torch_dtype, local_files_only=local_files_only,
+            cache_dir=cache_dir, token=token, trust_remote_code=trust_remote_code,
         )
-        result = _io.load_weights(cls.model_class, path_or_id, config, cls.head_keys, asked)
-        if tokenizer is None:
-            tokenizer = _io.load_tokenizer(path_or_id)
-        if result.fresh_head:
-            _io.log_main(
-                logging.WARNING,
-                "no classifier weights in %s: initialised a fresh %d-label head (%s); fine-tune before use",
-                path_or_id,
-                config.num_labels,
-                ", ".join(result.fresh_keys),
-            )
-        return cls(result.model, tokenizer, max_length=max_length)
+        model, tokenizer, max_length = _load.load_parts(
+            cls.model_class, cls.head_keys, cls._check_model_type, path_or_id, num_labels=num_labels,
+            labels=labels, max_length=max_length, problem_type=problem_type, tokenizer=tokenizer, options=options,
+        )
+        return cls(model, tokenizer, max_length=max_length)
 
     @classmethod
     def from_config(
@@ -156,7 +156,7 @@ class SequenceClassificationHead:
         tokenizer: Any = None,
         *,
         labels: Optional[Sequence[str]] = None,
-        max_length: int = 128,
+        max_length: int = DEFAULT_MAX_LENGTH,
         device: Optional[Union[torch.device, str]] = None,
     ) -> "SequenceClassificationHead":
         """A head with freshly initialised weights (seed torch first for reproducibility). ``config`` is copied."""
@@ -244,10 +244,14 @@ class SequenceClassificationHead:
         return self
 
     # --- inputs -------------------------------------------------------------------------------------------
-    def encode(self, texts: Sequence[str], max_length: Optional[int] = None) -> Encoding:
-        """Tokenise ``texts`` (padded to the longest, truncated to ``max_length``) into the model's inputs, on
-        the graph's device."""
+    def encode(
+        self, texts: Sequence[str], text_pairs: Optional[Sequence[str]] = None, max_length: Optional[int] = None
+    ) -> Encoding:
+        """Tokenise ``texts`` (and, for sentence-pair tasks, ``text_pairs``: one second text per text) into the
+        model's inputs on the graph's device: padded to the longest, truncated to ``max_length`` (at most the
+        head's), pairs ``longest_first``; ``token_type_ids`` mark the second text where the family takes them."""
         texts = _inputs.check_texts(texts, "encode")
+        pairs = _inputs.check_pairs(texts, text_pairs, "encode")
         if not texts:
             raise ValueError("encode got no texts: give at least one")
         if self.tokenizer is None:
@@ -256,17 +260,15 @@ class SequenceClassificationHead:
                 "have none): set head.tokenizer = AutoTokenizer.from_pretrained(...)"
             )
         limit = self.max_length if max_length is None else min(_inputs.check_max_length(max_length), self.max_length)
-        batch = self.tokenizer(
+        return _encode.tokenize(
+            self.tokenizer,
             texts,
-            padding="longest",
-            truncation=True,
-            max_length=limit,
+            pairs,
+            limit=limit,
             pad_to_multiple_of=_inputs.pad_multiple(self._graph.device, limit, self.max_positions(self.config())),
-            return_tensors="pt",
-            return_token_type_ids="token_type_ids" in self.input_names,
+            input_names=self.input_names,
+            device=self._graph.device,
         )
-        device = self._graph.device
-        return {name: batch[name].to(device) for name in self.input_names if name in batch}
 
     def _label_value(self, label: Any, index: int) -> Any:
         if isinstance(label, str):
@@ -282,13 +284,14 @@ class SequenceClassificationHead:
     def collate(self, items: Sequence[Any]) -> tuple[Encoding, Optional[torch.Tensor]]:
         """Batch ``items`` for ``graph.set_data_loader(..., collate_fn=head.collate)``.
 
-        Items are ``(text, label)`` pairs, dicts with ``text`` and ``label`` (or ``labels``), or bare strings.
+        Items are ``(text, label)`` pairs, ``(text, text_pair, label)`` triples, dicts with ``text`` (+
+        ``text_pair``) and ``label`` (or ``labels``), or bare strings; a batch is all single texts or all pairs.
         Labels: ints or label names -> LongTensor; floats -> FloatTensor; lists of floats -> FloatTensor
         ``[B, C]``; all None (or bare strings) -> ``None``, for prediction. Both tensors are on the graph's device.
         """
-        texts, raw = _inputs.split_items(items)
+        texts, pairs, raw = _inputs.split_items(items)
         labels = [self._label_value(label, i) for i, label in enumerate(raw)]
-        enc = self.encode(texts)
+        enc = self.encode(texts, pairs)
         tensor = _losses.labels_to_tensor(labels)
         return enc, None if tensor is None else tensor.to(self._graph.device)
 
@@ -306,11 +309,22 @@ class SequenceClassificationHead:
             output = self._graph.module(**enc)
         return output.logits if hasattr(output, "logits") else output[0]
 
+    def __call__(self, enc: Optional[Mapping[str, Any]] = None, /, labels: Any = None, **inputs: Any) -> Any:
+        """Run the model like a transformers model: ``head(**enc)`` or ``head(enc)``, optionally with ``labels``.
+
+        Returns ``transformers.modeling_outputs.SequenceClassifierOutput`` with ``logits`` ``[B, num_labels]`` and,
+        with labels, ``loss`` (:meth:`compute_loss`'s). ``forward(enc)`` still returns the bare logits.
+        """
+        return _run.call_output(self, enc, labels, inputs)
+
     def compute_loss(self, enc: Mapping[str, Any], labels: Any) -> torch.Tensor:
         """The mean loss over the batch's samples (``heads._losses``); tells the graph what it averaged over.
 
         Labels are checked (range, shape, dtype) before the forward pass; a bad label raises ValueError.
         """
+        return self._loss_and_logits(enc, labels)[0]
+
+    def _loss_and_logits(self, enc: Mapping[str, Any], labels: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if labels is None:
             raise ValueError(
                 "compute_loss needs labels: collate returned None because the items had no label"
@@ -324,70 +338,56 @@ class SequenceClassificationHead:
         loss = _losses.loss_from_logits(kind, logits, labels)
         if torch.is_grad_enabled():  # so N ranks weight it exactly (Graph.loss_items)
             self._graph.loss_items(_losses.loss_items(kind, labels, logits.shape))
-        return loss
+        return loss, logits
 
     def predict(
-        self, texts: Sequence[str], top_k: Optional[int] = None, batch_size: int = 32
+        self,
+        texts: Sequence[str],
+        text_pairs: Optional[Sequence[str]] = None,
+        top_k: Optional[int] = None,
+        batch_size: int = 32,
     ) -> list[Prediction]:
-        """Per text, ``(label, probability)`` pairs sorted by probability, highest first.
+        """Per text (or ``(text, text_pair)``), ``(label, probability)`` pairs sorted by probability, highest first.
 
         Softmax for single-label heads, sigmoid for multi-label heads (independent probabilities); a regression
         head gives ``[("score", value)]`` (``[(label, value), ...]`` in id order for several outputs). ``top_k``
         keeps the first k pairs. A single string is refused: pass a list. Runs in eval mode without gradients
         and restores each module's train/eval mode afterwards.
         """
-        texts = _inputs.check_texts(texts, "predict")
-        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
-            raise ValueError(f"top_k={top_k!r} is invalid: use an integer >= 1, or None for every label")
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"batch_size={batch_size!r} is invalid: use an integer >= 1")
-        names, problem = self.labels(), self.problem_type
-        module = self._graph.module
-        modes = [(m, m.training) for m in module.modules()]
-        module.eval()
-        results: list[Prediction] = []
-        try:
-            with torch.no_grad():
-                for start in range(0, len(texts), batch_size):
-                    logits = self.forward(self.encode(texts[start : start + batch_size])).float().cpu()
-                    results.extend(self._rank(row, names, problem, top_k) for row in logits)
-        finally:
-            for m, training in modes:
-                m.training = training
-        return results
-
-    @staticmethod
-    def _rank(row: torch.Tensor, names: list[str], problem: str, top_k: Optional[int]) -> Prediction:
-        if problem == _losses.REGRESSION:
-            pairs = (
-                [("score", float(row[0]))]
-                if row.numel() == 1
-                else list(zip(names, map(float, row), strict=True))
-            )
-            return pairs[:top_k]
-        probs = torch.sigmoid(row) if problem == _losses.MULTI_LABEL else torch.softmax(row, dim=-1)
-        order = torch.argsort(probs, descending=True, stable=True)
-        return [(names[int(i)], float(probs[i])) for i in order][:top_k]
+        return _run.predict_all(self, texts, text_pairs, top_k, batch_size)
 
     # --- output -------------------------------------------------------------------------------------------
     def save_pretrained(self, directory: PathLike) -> Path:
         """Write a standard transformers directory: config.json (with id2label/label2id), model.safetensors and
-        the tokenizer files. Loads with ``AutoModelForSequenceClassification`` / ``AutoTokenizer``.
+        the tokenizer files. Loads with ``AutoModelForSequenceClassification`` / ``AutoTokenizer``. The tokenizer's
+        ``model_max_length`` is saved as this head's ``max_length``, so ``pipeline("text-classification",
+        model=directory, truncation=True)`` truncates exactly like :meth:`predict` (this head's tokenizer object
+        is left unchanged).
 
         Atomic: written to a temporary directory beside ``directory`` and renamed into place. An existing model
         directory (with config.json) is replaced; any other non-empty directory is refused (FileExistsError).
         Same weights give byte-identical safetensors files. On N ranks, call it on the main rank only.
         """
-        model, tokenizer = self.model, self.tokenizer
+        model, tokenizer, max_length = self.model, self.tokenizer, self.max_length
 
         def write(tmp: Path) -> None:
             with _io.quiet_transformers():
                 model.save_pretrained(tmp)
                 if tokenizer is not None:
-                    tokenizer.save_pretrained(tmp)
+                    _save.save_tokenizer(tokenizer, tmp, max_length, self.input_names)
             _save.write_label_maps(tmp / "config.json", self.labels())
 
         return _save.atomic_save(directory, write)
+
+    def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
+        """Upload the model, tokenizer and a model card to the Hub repository ``repo_id`` (created if needed).
+
+        Keywords: ``card`` (a :class:`flodl_hf.cards.CardInfo` for the full card; None: a short card without
+        scores), ``token``, ``private``, ``revision``, ``commit_message``, ``create_pr``. Refuses (ValueError)
+        before writing anything when ``HF_HUB_OFFLINE`` is set or no token is available. Returns huggingface_hub's
+        ``CommitInfo``; :func:`flodl_hf.hub.plan_push` shows what is sent.
+        """
+        return _hub.push_head(self, repo_id, **kwargs)
 
     def __repr__(self) -> str:
         return (

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Optional, Sequence
 
-__all__ = ["check_texts", "split_items", "apply_labels", "check_max_length", "pad_multiple"]
+__all__ = ["check_texts", "check_pairs", "split_items", "apply_labels", "check_max_length", "pad_multiple"]
 
 
 def check_texts(texts: Any, what: str) -> list[str]:
@@ -65,29 +65,72 @@ def check_max_length(max_length: Any) -> int:
     return max_length
 
 
-def split_items(items: Sequence[Any]) -> tuple[list[str], list[Any]]:
-    """Texts and raw labels of collate items: ``(text, label)`` pairs, dicts with ``text`` and ``label`` (or
-    ``labels``), or bare strings (label None). Raises ValueError naming the index of a malformed item."""
-    texts, labels = [], []
+def check_pairs(texts: list[str], text_pairs: Any, what: str) -> Optional[list[str]]:
+    """``text_pairs`` as a list of str as long as ``texts`` (None stays None: single texts)."""
+    if text_pairs is None:
+        return None
+    pairs = check_texts(text_pairs, what)
+    if len(pairs) != len(texts):
+        raise ValueError(
+            f"{what} got {len(texts)} texts but {len(pairs)} text_pairs: give one second text per text "
+            "(or text_pairs=None for single texts)"
+        )
+    return pairs
+
+
+def _parse_item(i: int, item: Any) -> tuple[Any, Any, Any, bool]:
+    """``(text, pair, label, has_pair)`` of one collate item."""
+    if isinstance(item, str):
+        return item, None, None, False
+    if isinstance(item, Mapping):
+        if "text" not in item:
+            raise ValueError(f"item at index {i} has keys {sorted(item)} but no 'text': give a dict with 'text' "
+                             "(and 'text_pair', 'label' or 'labels')")
+        label = item["label"] if "label" in item else item.get("labels")
+        return item["text"], item.get("text_pair"), label, "text_pair" in item
+    if isinstance(item, (tuple, list)) and len(item) in (2, 3):
+        if len(item) == 2:
+            return item[0], None, item[1], False
+        return item[0], item[1], item[2], True
+    raise ValueError(
+        f"item at index {i} is {type(item).__name__}"
+        f"{f' of length {len(item)}' if isinstance(item, (tuple, list)) else ''}: give (text, label) pairs, "
+        "(text, text_pair, label) triples, or dicts with 'text' (+ 'text_pair') and 'label'"
+    )
+
+
+def split_items(items: Sequence[Any]) -> tuple[list[str], Optional[list[str]], list[Any]]:
+    """Texts, second texts (None when no item has one) and raw labels of collate items.
+
+    Items are ``(text, label)`` pairs, ``(text, text_pair, label)`` triples, dicts with ``text`` (+ ``text_pair``)
+    and ``label`` (or ``labels``), or bare strings (label None). A batch mixing items with and without a second
+    text is refused, as is a malformed item or a non-str text: ValueError naming the index.
+    """
+    texts: list[str] = []
+    pairs: list[Any] = []
+    labels: list[Any] = []
+    first_has_pair: Optional[bool] = None
     for i, item in enumerate(items):
-        if isinstance(item, str):
-            text, label = item, None
-        elif isinstance(item, Mapping):
-            if "text" not in item:
-                raise ValueError(f"item at index {i} has keys {sorted(item)} but no 'text'")
-            text, label = item["text"], item.get("label", item.get("labels"))
-        elif isinstance(item, (tuple, list)) and len(item) == 2:
-            text, label = item
-        else:
+        text, pair, label, has_pair = _parse_item(i, item)
+        if first_has_pair is None:
+            first_has_pair = has_pair
+        elif has_pair != first_has_pair:
             raise ValueError(
-                f"item at index {i} is {type(item).__name__}: give (text, label) pairs or dicts "
-                "with 'text' and 'label'"
+                f"item at index {i} {'has' if has_pair else 'lacks'} a text_pair but item 0 "
+                f"{'has' if first_has_pair else 'lacks'} one: a batch is all single texts or all pairs; "
+                "give every item a text_pair (or none)"
             )
         if not isinstance(text, str):
             raise ValueError(f"text at index {i} is {type(text).__name__} ({text!r:.60}), not str")
+        if has_pair and not isinstance(pair, str):
+            raise ValueError(
+                f"text_pair at index {i} is {type(pair).__name__} ({pair!r:.60}), not str: a pair item needs "
+                "two strings"
+            )
         texts.append(text)
+        pairs.append(pair)
         labels.append(label)
-    return texts, labels
+    return texts, (pairs if first_has_pair else None), labels
 
 
 def pad_multiple(device: Any, limit: int, positions: Optional[int]) -> Optional[int]:

@@ -197,8 +197,11 @@ def read_model_type(path_or_id: PathLike) -> Optional[str]:
     return model_type
 
 
-def load_config(path_or_id: PathLike, check_type: Callable[[str], None]) -> Any:
-    """Load the transformers config, calling ``check_type(model_type)`` before transformers parses it."""
+def load_config(
+    path_or_id: PathLike, check_type: Callable[[str], None], hub_kwargs: Optional[dict[str, Any]] = None
+) -> Any:
+    """Load the transformers config, calling ``check_type(model_type)`` before transformers parses it.
+    ``hub_kwargs`` (``revision``, ``cache_dir``, ``local_files_only``, ``token``) go to ``AutoConfig``."""
     from transformers import AutoConfig
 
     model_type = read_model_type(path_or_id)
@@ -206,7 +209,7 @@ def load_config(path_or_id: PathLike, check_type: Callable[[str], None]) -> Any:
         check_type(model_type)
     try:
         with quiet_transformers():
-            config = AutoConfig.from_pretrained(str(path_or_id))
+            config = AutoConfig.from_pretrained(str(path_or_id), **(hub_kwargs or {}))
     except OSError as exc:
         where = (
             "" if model_type is not None else " (not a local directory; tried the Hugging Face cache and Hub)"
@@ -225,6 +228,9 @@ def load_weights(
     config: Any,
     keys: HeadKeys,
     requested_labels: Optional[str] = None,
+    *,
+    dtype: Any = torch.float32,
+    hub_kwargs: Optional[dict[str, Any]] = None,
 ) -> LoadResult:
     """Load ``model_class`` from a checkpoint, strictly.
 
@@ -232,6 +238,7 @@ def load_weights(
     partially present head. A classifier whose label count differs from ``config.num_labels`` raises a ValueError
     naming both counts; ``requested_labels`` is how the caller asked for that count (e.g. ``"num_labels=3"``).
     Keys in the checkpoint that the model lacks (a masked-LM head, an unused pooler) are ignored and logged at INFO.
+    ``dtype`` and ``hub_kwargs`` go to transformers' ``from_pretrained``.
     """
     directory = _local_dir(path_or_id)
     source = str(find_weights(directory)) if directory is not None else str(path_or_id)
@@ -240,9 +247,10 @@ def load_weights(
             model, info = model_class.from_pretrained(
                 str(path_or_id),
                 config=config,
-                dtype=torch.float32,
+                dtype=dtype,
                 ignore_mismatched_sizes=True,
                 output_loading_info=True,
+                **(hub_kwargs or {}),
             )
     except OSError as exc:
         raise CheckpointNotFoundError(f"cannot load weights from {source!r}: {exc}") from exc
@@ -304,7 +312,7 @@ def load_weights(
     )
 
 
-def load_tokenizer(path_or_id: PathLike) -> Any:
+def load_tokenizer(path_or_id: PathLike, hub_kwargs: Optional[dict[str, Any]] = None) -> Any:
     """The checkpoint's tokenizer, or None when a local directory holds no tokenizer files."""
     from transformers import AutoTokenizer
 
@@ -319,7 +327,7 @@ def load_tokenizer(path_or_id: PathLike) -> Any:
         return None
     try:
         with quiet_transformers():
-            return AutoTokenizer.from_pretrained(str(path_or_id))
+            return AutoTokenizer.from_pretrained(str(path_or_id), **(hub_kwargs or {}))
     except Exception as exc:
         if directory is None:
             log_main(

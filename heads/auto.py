@@ -11,6 +11,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from ._base import SequenceClassificationHead
+from ._hub import load_options
 from ._io import PathLike, load_config
 from .albert import AlbertForSequenceClassification
 from .bert import BertForSequenceClassification
@@ -37,6 +38,8 @@ HEAD_CLASSES: dict[str, type[SequenceClassificationHead]] = {
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(HEAD_CLASSES)
 """Every ``config.model_type`` a head exists for."""
 
+_OPTION_NAMES = ("revision", "dtype", "torch_dtype", "local_files_only", "cache_dir", "token", "trust_remote_code")
+
 
 class AutoHeadForSequenceClassification:
     """Dispatch to the head class of a checkpoint's or config's ``model_type``. Not instantiable."""
@@ -60,8 +63,10 @@ class AutoHeadForSequenceClassification:
 
     @classmethod
     def from_pretrained(cls, path_or_id: PathLike, **kwargs: Any) -> SequenceClassificationHead:
-        """Load with the family class named by the checkpoint's config.json (same keywords as the families')."""
-        config = load_config(path_or_id, cls.head_class)  # head_class raises for an unsupported model_type
+        """Load with the family class named by the checkpoint's config.json (same keywords as the families',
+        including transformers' ``revision``, ``dtype``, ``local_files_only``, ``cache_dir`` and ``token``)."""
+        options = load_options(**{k: kwargs[k] for k in _OPTION_NAMES if k in kwargs})
+        config = load_config(path_or_id, cls.head_class, options.hub_kwargs())  # raises for an unsupported type
         return cls.head_class(config.model_type).from_pretrained(path_or_id, **kwargs)
 
     @classmethod

