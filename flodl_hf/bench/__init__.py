@@ -11,6 +11,8 @@ worth what it measures, side by side with what people use today, on one harness.
 - ``modes.py`` / ``modes_accelerate.py`` / ``modes_builder.py``: the per-mode training loops
 - ``harness.py``: alternating rounds and per-mode figures; ``report.py``: table.md, results.json, plot.png
 - ``cli.py``: the command line; ``main(argv)`` is what ``flodl-hf bench`` calls
+- ``simulate.py`` / ``simulate_cli.py``: ``flodl-hf bench --simulate``, the scale simulator (the real El Che
+  against a device-time and ring all-reduce model, 2-256 ranks, no processes, no torch)
 
 Importing this package does nothing observable (no torch import).
 """
@@ -23,7 +25,17 @@ __all__ = ["main"]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run ``flodl-hf bench`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    """Run ``flodl-hf bench`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code.
+
+    ``--simulate`` goes to the scale simulator before anything imports torch.
+    """
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--simulate" in args:
+        from .simulate_cli import main as _simulate
+
+        return _simulate(args)
     from .cli import main as _main
 
-    return _main(argv)
+    return _main(args)

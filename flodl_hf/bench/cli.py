@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DdpConfig.max_anchor for elche-setup (default: the engine's)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed for one run of one mode")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--simulate", action="store_true",
+                   help="model 2-256 ranks instead of running processes (`flodl-hf bench --simulate --help`)")
     p.add_argument("--output", default="bench-results",
                    help="directory for table.md, results.json, plot.png (created; a foreign non-empty one is refused)")
     return p
@@ -90,8 +92,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .harness import run_bench
     from .report import markdown_table, prepare_output, write_outputs
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--simulate" in argv:
+        from .simulate_cli import main as simulate_main
+
+        return simulate_main(argv)
     try:
-        args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        args = build_parser().parse_args(argv)
         settings = settings_from_args(args)
         prepare_output(args.output)
     except (_UsageError, ValueError) as exc:
