@@ -151,6 +151,10 @@ def test_must_wait_sync_max_overshoot_and_max_batch_diff():
     assert not must_wait(diff, [Row(2, 3, 1.0, False), Row(2, 2, 1.0, False)], 0, sync=False)
     assert not must_wait(diff, [Row(2, 4, 1.0, False), Row(2, 2, 1.0, False)], 1, sync=False)  # the slowest runs
     assert not must_wait(diff, [Row(2, 9, 1.0, False), Row(2, 0, 0.0, True)], 0, sync=False)  # done ranks don't count
+    hold = Plan(round=2, counts=(5, 2), mask=(True, True), hold_rank=1)  # ASYNC: the slowest stops at its count
+    assert must_wait(hold, [idle, Row(2, 2, 1.0, False)], 1, sync=False)
+    assert not must_wait(hold, [Row(2, 9, 1.0, False), idle], 0, sync=False)  # faster ranks may run ahead
+    assert round_ready(hold, [Row(2, 5, 1.0, False), Row(2, 2, 1.0, False)], 2)
 
 
 def test_a_held_back_rank_counts_as_ready_so_no_setting_deadlocks():
@@ -166,7 +170,8 @@ def test_a_held_back_rank_counts_as_ready_so_no_setting_deadlocks():
         counts = tuple(rng.randint(1, 8) for _ in range(world))
         plan = Plan(round=0, counts=counts, mask=(True,) * world,
                     threshold_ms=rng.choice([None, rng.uniform(1, 100)]),
-                    max_ahead=rng.choice([None, rng.randint(1, 4)]), batch_diff=rng.choice([None, rng.randint(1, 4)]))
+                    max_ahead=rng.choice([None, rng.randint(1, 4)]), batch_diff=rng.choice([None, rng.randint(1, 4)]),
+                    hold_rank=rng.choice([None, rng.randrange(world)]))
         speeds = [rng.uniform(1, 30) for _ in range(world)]  # ms per batch, unknown to the plan
         rows = [Row(0, 0, 0.0, False) for _ in range(world)]
         for _step in itertools.count():
@@ -186,7 +191,8 @@ def test_board_round_trips_rows_and_plans():
     assert board.read_row(1) == Row(4, 7, 123.5, True) and board.read_row(0) == Row(0, 0, 0.0, False)
     board.write_row(2, Row(3, 1, 2.0, False, fired=3))
     assert board.read_row(2).fired == 3 and board.read_row(0).fired == -1
-    plan = Plan(round=5, counts=(3, 2, 1), mask=(True, False, True), threshold_ms=80.0, max_ahead=2)
+    plan = Plan(round=5, counts=(3, 2, 1), mask=(True, False, True), threshold_ms=80.0, max_ahead=2, batch_diff=3,
+                hold_rank=2)
     board.post_plan(plan)
     assert board.read_plan() == plan
     board.post_plan(Plan(round=0, counts=(1, 1, 1), mask=(True,) * 3, static=True))

@@ -23,7 +23,7 @@ from typing import Any, Optional, Sequence
 __all__ = ["Board", "Plan", "Row", "round_ready", "must_wait"]
 
 _ROW = 6  # seq, round, batches, wall_ms, done, fired
-_PLAN_HEAD = 6  # seq, round, static, threshold_ms (-1: count-based), max_ahead (-1: none), batch_diff (-1: none)
+_PLAN_HEAD = 7  # seq, round, static, threshold_ms (-1: count-based), max_ahead, batch_diff, hold_rank (-1: none)
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,9 @@ class Plan:
     max_ahead: Optional[int] = None
     static: bool = False
     batch_diff: Optional[int] = None
+    hold_rank: Optional[int] = None
+    """ASYNC: the slowest rank stops at its count instead of starting one more batch (its batch is the longest,
+    so its overshoot is what the faster ranks would wait for in the all-reduce)."""
 
     def applies_to(self, k: int) -> bool:
         return self.round <= k if self.static else self.round == k
@@ -109,6 +112,8 @@ def must_wait(plan: Optional[Plan], rows: Sequence[Row], rank: int, sync: bool) 
     if plan is None or not plan.applies_to(row.round):
         return False
     if plan.max_ahead is not None and row.batches >= plan.counts[rank] + plan.max_ahead:
+        return True
+    if plan.hold_rank == rank and row.batches >= plan.counts[rank]:
         return True
     if plan.batch_diff is not None:
         others = [
@@ -189,6 +194,7 @@ class Board:
             -1.0 if plan.threshold_ms is None else plan.threshold_ms,
             -1.0 if plan.max_ahead is None else plan.max_ahead,
             -1.0 if plan.batch_diff is None else plan.batch_diff,
+            -1.0 if plan.hold_rank is None else plan.hold_rank,
         )
         self._write(
             self._plan_at,
@@ -207,6 +213,7 @@ class Board:
             threshold_ms=None if v[2] < 0 else v[2],
             max_ahead=None if v[3] < 0 else int(v[3]),
             batch_diff=None if v[4] < 0 else int(v[4]),
-            counts=tuple(int(c) for c in v[5 : 5 + w]),
-            mask=tuple(m > 0.5 for m in v[5 + w : 5 + 2 * w]),
+            hold_rank=None if v[5] < 0 else int(v[5]),
+            counts=tuple(int(c) for c in v[6 : 6 + w]),
+            mask=tuple(m > 0.5 for m in v[6 + w : 6 + 2 * w]),
         )

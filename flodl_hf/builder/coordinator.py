@@ -190,10 +190,19 @@ class Coordinator:
                 # would make the first window run at the slowest rank's pace
                 max_ahead=self.overshoot if self.anchor.el.calibrated else None,
                 batch_diff=self.s.max_batch_diff,
+                hold_rank=self._slowest() if self.s.policy is ApplyPolicy.ASYNC else None,
             )
         self.plan = plan
         self.plan_deferred = False
         self.board.post_plan(plan)
+
+    def _slowest(self) -> Optional[int]:
+        """The live rank with the longest batch, once El Che has timed them (None before)."""
+        if not self.anchor.el.calibrated:
+            return None
+        ms = self.anchor.el.ms_per_unit
+        timed = [(ms[r], r) for r in self.live if ms[r] is not None]
+        return max(timed)[1] if len(timed) > 1 else None
 
     def _chunk(self, rank: int) -> int:
         if self.sync:
