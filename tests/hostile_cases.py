@@ -249,7 +249,7 @@ case("eval on a base checkpoint", ["eval", "--model", "{base}", "--data", "{data
                                                                                       "--allow-untrained"))
 case("predict an empty text", ["predict", "--model", "{trained}", ""], ("TEXT 1 is empty",))
 case("eval data with labels the model lacks", ["eval", "--model", "{trained}", "--data", "d.csv"],
-     ("is not one of the known labels",), setup=rows("d.csv", [("good", "maybe")]))
+     ("label 'maybe', which is not one of the model's labels ['neg', 'pos']",), setup=rows("d.csv", [("good", "maybe")]))
 
 # --- 6. data: columns distinct and unambiguous, formats, labels --------------------------------------------------
 
