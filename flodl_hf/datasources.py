@@ -179,7 +179,7 @@ def _read_hub(hub_id: str, split: Optional[str], prefer: Sequence[str], option: 
         loaded = datasets.load_dataset(hub_id)
     except Exception as exc:  # noqa: BLE001 - offline, unknown id, gated: one line, with the fix
         reason = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise ValueError(f"--data {hub_id} is not a local file or directory, and loading it as a Hub dataset id "
+        raise ValueError(f"{hub_id!r} is not a local file or directory, and loading it as a Hub dataset id "
                          f"failed ({type(exc).__name__}: {reason}): check the path, or the id and the network "
                          "(Hub datasets need one, or datasets' cache)") from exc
     return _from_dataset_dict(loaded, f"hub:{hub_id}", split, prefer, option, hub_id=hub_id)

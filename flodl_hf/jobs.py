@@ -5,8 +5,11 @@ stays a thin argument layer. It uses ``Trainer.setup_head_with`` and ``graph.epo
 user script would, so the same code trains on one CPU, one GPU or N ranks (``devices=["cpu", "cpu"]``). The head
 *class* is a parameter: this engine-side module never imports ``heads`` (the CLI, a composition root, passes
 ``AutoHeadForSequenceClassification``). Its neighbours: ``training_loop`` (checkpoints, Ctrl-C, divergence,
-periodic evaluation, early stopping), ``job_checkpoints`` (checkpoint directory, resume checks) and ``reporting``
-(metrics.json, model card table, output directory, TensorBoard).
+periodic evaluation, early stopping), ``best_model`` (the best evaluation's weights, written when they beat the
+final ones), ``evaluation`` and ``problem`` (scores per problem type), ``job_checkpoints`` (checkpoint
+directory, resume checks) and ``reporting`` (metrics.json, model card table, output directory, TensorBoard).
+Data (``datasources``, ``labels``, ``data``) is loaded for the problem type ``problem_type``, with labels matched
+by name, and held-out rows are carved out of ``data`` unless ``eval_data`` / ``eval_split`` name them.
 
 Output directory (``settings.output_dir``), written atomically by rank 0 only and only when training finished:
 the HF model files at the top level (``config.json``, ``model.safetensors``, tokenizer files), so the directory
@@ -89,7 +92,8 @@ class TrainSettings:
     train_rows: Optional[int] = 4000
     """Rows drawn (seeded) from what the held-out split leaves; None or more than available: all of them."""
     eval_rows: Optional[int] = None
-    """Held-out rows (seeded split, disjoint from training). None: 1000, capped at a fifth of the data."""
+    """Held-out rows (seeded split, disjoint from training). None: 1000, capped at a fifth of the data. With
+    ``eval_data`` / ``eval_split``: a seeded subset of those rows (None: all of them)."""
     seed: int = 0
     """Seed of the split, the row subset, the shuffling and the classifier initialisation."""
     output_dir: str = "flodl-hf-output"
@@ -116,7 +120,7 @@ class TrainSettings:
     early_stopping_patience: Optional[int] = None
     """Stop when the ``metric_for_best`` has not improved for this many evaluations (needs ``eval_every``)."""
     report_to: str = "none"
-    """``tensorboard``: write scalars (training loss, held-out accuracy and macro-F1) to ``<output_dir>/runs``."""
+    """``tensorboard``: write scalars (training loss, the held-out metrics) to ``<output_dir>/runs``."""
     speed_hint: Optional[tuple] = None
     """``(slow_rank, ratio)``: DdpConfig.speed_hint, the other ranks are ``ratio`` (>= 1) times faster."""
     overhead_target: float = 0.10
@@ -480,7 +484,8 @@ def _train_and_write(settings: TrainSettings, sources: _Sources, head: Any, grap
     stopped = "" if state.stop_reason == "completed" else f" ({state.stop_reason})"
     baseline = metrics.get("majority_baseline")
     say(f"flodl-hf: {headline(summary, settings.problem_type)}"
-        + (f" (majority baseline {baseline:.3f})" if baseline is not None else "") + f" on {len(eval_ds)} held-out rows; "
+        + (f" (majority baseline {baseline:.3f})" if baseline is not None else "")
+        + f" on {len(eval_ds)} held-out rows; "
         f"train {state.train_time_s:.1f} s, total {metrics['wall_time_s']:.1f} s{stopped}; "
         f"wrote {settings.output_dir}")
     return metrics

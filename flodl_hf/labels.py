@@ -9,6 +9,9 @@ them by position silently scores a model on shuffled classes (issue 11). So ever
   labels; else the ``ClassLabel`` names in their own order). A subset of the target names is fine.
 * Plain integer labels (a CSV or JSON column with no names attached) are ids into the given names when those are
   not themselves integers; otherwise integers compare by their text (``0/5/100`` give three labels).
+* Target names that carry no meaning (transformers' defaults ``LABEL_0``, ``LABEL_1``, ...: a model saved without
+  label names) cannot be matched by name: ``ClassLabel`` ids are then ids into them, as transformers' own
+  ``run_glue`` does.
 * Names not among the targets are refused in one message that lists every unknown name (with a row) and the
   known names.
 * Multi-label: a row holds a list of names or ids, a comma-separated string (``"sports,politics"``) or one name
@@ -51,6 +54,11 @@ def _is_int_text(text: str) -> bool:
     return text.lstrip("-").isdigit()
 
 
+def _generic(labels: Optional[Sequence[str]]) -> bool:
+    """True for transformers' placeholder names ``LABEL_0, LABEL_1, ...`` (no meaning to match by)."""
+    return labels is not None and all(str(n) == f"LABEL_{i}" for i, n in enumerate(labels))
+
+
 def _unknown_error(unknown: dict[str, int], names: Sequence[str], source: str, column: str, known: str,
                    fix: str) -> ValueError:
     if len(unknown) == 1:
@@ -84,6 +92,7 @@ def map_single_labels(raw: list[Any], rows: list[int], labels: Optional[Sequence
                       class_names: Optional[Sequence[str]], source: str, column: str, fix: str,
                       known: str = "the known labels") -> tuple[list[int], list[str]]:
     """Label ids into the returned names (see the module docstring). ``labels``: the target names, or None."""
+    class_names = None if _generic(labels) else class_names
     if class_names:
         raw = _ids_as_names(raw, rows, list(class_names), source)
     names = list(labels) if labels is not None else (list(class_names) if class_names else None)
@@ -138,6 +147,7 @@ def map_multi_labels(raw: list[Any], rows: list[int], labels: Optional[Sequence[
                      known: str = "the known labels") -> tuple[list[tuple[int, ...]], list[str]]:
     """Per row, the sorted tuple of label ids that apply, and the label names (see the module docstring)."""
     per_row = [_split_multi(value, row_no, source, column) for row_no, value in zip(rows, raw)]
+    class_names = None if _generic(labels) else class_names
     if class_names:
         per_row = [_ids_as_names(items, [row_no] * len(items), list(class_names), source)
                    for row_no, items in zip(rows, per_row)]

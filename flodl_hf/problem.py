@@ -20,12 +20,12 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from .data import PROBLEM_TYPES
 from .metrics import classification_summary
 
 __all__ = ["PROBLEM_TYPES", "HF_PROBLEM_TYPES", "DEFAULT_METRIC", "METRICS", "problem_from_config",
            "greater_is_better", "summarize", "headline", "pearson", "spearman", "check_metric"]
 
-PROBLEM_TYPES = ("single_label", "multi_label", "regression")
 #: flodl-hf's problem type -> transformers' ``config.problem_type``.
 HF_PROBLEM_TYPES = {"single_label": "single_label_classification", "multi_label": "multi_label_classification",
                     "regression": "regression"}

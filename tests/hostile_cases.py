@@ -249,7 +249,8 @@ case("eval on a base checkpoint", ["eval", "--model", "{base}", "--data", "{data
                                                                                       "--allow-untrained"))
 case("predict an empty text", ["predict", "--model", "{trained}", ""], ("TEXT 1 is empty",))
 case("eval data with labels the model lacks", ["eval", "--model", "{trained}", "--data", "d.csv"],
-     ("label 'maybe', which is not one of the model's labels ['neg', 'pos']",), setup=rows("d.csv", [("good", "maybe")]))
+     ("label 'maybe', which is not one of the model's labels ['neg', 'pos']",),
+     setup=rows("d.csv", [("good", "maybe")]))
 
 # --- 6. data: columns distinct and unambiguous, formats, labels --------------------------------------------------
 
@@ -363,7 +364,7 @@ case("JSON-lines object with a repeated key", [*DATA[:4], "d.jsonl", *DATA[5:]],
 case("JSON array object with a repeated key", [*DATA[:4], "d.json", *DATA[5:]], ("repeats the key(s) 'label'",),
      setup=text("d.json", '[{"text": "a", "label": 1, "label": 0}]'))
 
-# --- 8. issue 11: labels by name, splits, problem types, sentence pairs ------------------------------------------------
+# --- 8. issue 11: labels by name, splits, problem types, sentence pairs ---------------------------------------
 
 def saved_dataset(path: str, splits=("train", "test"), names=("neg", "pos"), items=GOOD) -> Callable[[Path], None]:
     """A ``DatasetDict`` saved with ``save_to_disk``, its ``label`` a ClassLabel with ``names`` (in that order)."""

@@ -176,13 +176,18 @@ def test_multi_label_trains_from_the_cli(work, tmp_path):
 
 
 def test_regression_trains_from_the_cli(work, tmp_path):
-    data = tmp_path / "reg.csv"
-    data.write_text("text,score\n" + "".join(f"{t},{0.9 * y + 0.05 * (i % 3)}\n"
-                                             for i, (t, y) in enumerate(toy_task(400, seed=7))))
+    rows = ["text,score\n" + "".join(f"{t},{0.9 * y + 0.05 * (i % 3)}\n"
+                                     for i, (t, y) in enumerate(toy_task(400, seed=seed))) for seed in (7, 8)]
+    data, held_out = tmp_path / "reg.csv", tmp_path / "reg_eval.csv"
+    data.write_text(rows[0])
+    held_out.write_text(rows[1])
     out = tmp_path / "out"
     assert cli.main(["train", "--model", work / "base", "--data", data, "--label-column", "score",
-                     "--problem-type", "regression", "--eval-rows", "80", "--output-dir", out, *FAST]) == 0
+                     "--problem-type", "regression", "--eval-data", held_out, "--eval-rows", "80",
+                     "--output-dir", out, *FAST]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["train_size"] == 400 and metrics["eval_size"] == 80  # nothing carved out of --data
+    assert metrics["eval_source"] == str(held_out)
     assert metrics["problem_type"] == "regression" and metrics["pearson"] > 0.5 and metrics["spearman"] > 0.5
     assert "accuracy" not in metrics and metrics["mse"] >= 0
     assert (out / "README.md").read_text().count("pearson") >= 1
@@ -213,6 +218,44 @@ def test_pair_items_are_dicts_with_text_pair(tmp_path):
         load_text_classification(data, text_column="premise", text_pair_column="second")
 
 
+def entailment_rows(n: int) -> list[dict]:
+    """An offline entailment toy: the hypothesis repeats the premise's adjective (entailment) or swaps its
+    polarity (contradiction)."""
+    rows = []
+    for i, (text, y) in enumerate(toy_task(n, seed=9)):
+        same = i % 2 == 0
+        hypothesis = ("it was good" if y else "it was bad") if same else ("it was bad" if y else "it was good")
+        rows.append({"premise": text, "hypothesis": hypothesis,
+                     "label": "entailment" if same else "contradiction"})
+    return rows
+
+
+def test_pair_training_never_drops_the_second_text(work, tmp_path):
+    """With heads that encode pairs (issue 11's heads side), a pair task trains and predict --pair runs; with
+    heads that cannot, training on pairs is refused in one line instead of silently training on the premises."""
+    from heads import AutoHeadForSequenceClassification
+
+    from flodl_hf.evaluation import supports_pairs
+
+    data = tmp_path / "nli.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in entailment_rows(400)))
+    out = tmp_path / "out"
+    argv = ["train", "--model", work / "base", "--data", data, "--text-column", "premise", "--text-pair-column",
+            "hypothesis", "--eval-rows", "80", "--output-dir", out, *FAST]
+    head = AutoHeadForSequenceClassification.from_pretrained(str(work / "base"), labels=NAMES)
+    if not supports_pairs(head):
+        line = one_error(cli_run(*argv))
+        assert "cannot encode sentence pairs" in line
+        assert not out.exists() and not (tmp_path / "out.checkpoint").exists()
+        return
+    assert cli.main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["text_pair_column"] == "hypothesis" and metrics["accuracy"] > 0.6
+    result = cli_run("predict", "--model", out, "the film was good", "--pair", "it was good", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)[0]["text_pair"] == "it was good"
+
+
 # --- 5. the best checkpoint ----------------------------------------------------------------------------------------
 
 def test_early_stopping_writes_the_best_weights(work, tmp_path):
@@ -237,3 +280,10 @@ def test_early_stopping_writes_the_best_weights(work, tmp_path):
     assert scored["accuracy"] == metrics["accuracy"]
     assert scored["loss"] == pytest.approx(metrics["loss"], abs=1e-5)
     assert "weights written" in (out / "README.md").read_text()
+
+
+def test_placeholder_model_labels_take_class_label_ids_as_ids(tmp_path):
+    """A model saved without label names (LABEL_0, LABEL_1) has nothing to match by: ids are ids (run_glue's rule)."""
+    class_dataset([("a", "pos"), ("b", "neg")], ["pos", "neg"]).save_to_disk(str(tmp_path / "d"))
+    ds = load_text_classification(tmp_path / "d", labels=["LABEL_0", "LABEL_1"])
+    assert ds.label_ids == [0, 1] and ds.labels == ["LABEL_0", "LABEL_1"]
