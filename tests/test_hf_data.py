@@ -287,3 +287,13 @@ def test_placeholder_model_labels_take_class_label_ids_as_ids(tmp_path):
     class_dataset([("a", "pos"), ("b", "neg")], ["pos", "neg"]).save_to_disk(str(tmp_path / "d"))
     ds = load_text_classification(tmp_path / "d", labels=["LABEL_0", "LABEL_1"])
     assert ds.label_ids == [0, 1] and ds.labels == ["LABEL_0", "LABEL_1"]
+
+
+def test_multi_label_metrics_match_hand_values():
+    from flodl_hf.problem import multi_label_summary
+
+    # row 1: right; row 2: one of two labels found; row 3: a false positive and a miss
+    summary = multi_label_summary([[0], [1], [0]], [[0], [1, 2], [2]], ["a", "b", "c"])
+    # micro: tp=2, fp=1, fn=2 -> P 2/3, R 1/2, F1 4/7; macro: a 2/3 (P 1/2, R 1), b 1, c 0 -> 5/9
+    assert summary["micro_f1"] == pytest.approx(4 / 7) and summary["macro_f1"] == pytest.approx(5 / 9)
+    assert summary["accuracy"] == pytest.approx(1 / 3) and summary["per_label"]["c"]["support"] == 2
