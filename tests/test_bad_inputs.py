@@ -124,7 +124,8 @@ def nan_loss(tmp, ckpt):
 
 CASES: list[tuple[str, Callable, int, tuple[str, ...]]] = [
     ("labels out of range", labels_out_of_range, 2,
-     ("row 1 has label '0', which is not one of the known labels ['a', 'b']", "pass the full label list")),
+     ("column 'label' has labels '0' (row 1), '1' (row 2)", "which are not among the known labels ['a', 'b']",
+      "pass the full label list")),
     ("num_labels mismatch with the checkpoint", num_labels_mismatch, 2,
      ("holds a trained 3-label classifier", "--labels neg,pos give 2: fine-tune from the base checkpoint")),
     ("unknown model_type", unknown_model_type, 2,

@@ -221,7 +221,7 @@ def test_eval_refuses_labels_unknown_to_the_model(trained, tmp_path, capsys):
     data = tmp_path / "other.csv"
     data.write_text("text,label\ngood,positive\nmeh,neutral\n")
     code, _, err = run_cli(["eval", "--model", trained, "--data", data, "--no-progress"], capsys)
-    assert code == 2 and "label 'neutral', which is not one of the known labels ['negative', 'positive']" in err
+    assert code == 2 and "label 'neutral', which is not one of the model's labels ['negative', 'positive']" in err
 
 
 def test_missing_packaged_defaults_name_the_pip_command(monkeypatch, capsys, tmp_path):

@@ -190,7 +190,9 @@ def test_eval_every_and_early_stopping(work, tmp_path, capsys):
     assert metrics["stop_reason"].startswith("early stopping: held-out accuracy did not improve for 1 evaluations")
     assert metrics["steps_run"] == history[-1]["step"] < metrics["steps"] == 40
     assert [h["step"] for h in history] == list(range(1, len(history) + 1))
-    assert history[-1]["accuracy"] <= max(h["accuracy"] for h in history[:-1]) == metrics["best_eval"]["accuracy"]
+    best = max(h["accuracy"] for h in history[:-1])
+    assert history[-1]["accuracy"] <= best == metrics["best_eval"]["value"]
+    assert metrics["best_eval"]["metric"] == "accuracy" and metrics["accuracy"] >= history[-1]["accuracy"]
     assert "early stopping" in stdout
     card = ModelCard.load(out / "README.md").text
     assert "| stopped | early stopping" in card and "| evaluation | every 1 optimizer steps" in card
@@ -204,7 +206,7 @@ def test_tensorboard_scalars_are_written_to_runs(work, tmp_path):
     assert cli.main(small_args(work, out, "--report-to", "tensorboard", "--eval-every", "4")) == 0
     events = EventAccumulator(str(out / "runs"))
     events.Reload()
-    assert set(events.Tags()["scalars"]) == {"train/loss", "eval/accuracy", "eval/macro_f1"}
+    assert set(events.Tags()["scalars"]) == {"train/loss", "eval/accuracy", "eval/macro_f1", "eval/loss"}
     metrics = json.loads((out / "metrics.json").read_text())
     losses = events.Scalars("train/loss")
     assert [e.step for e in losses] == list(range(1, 11))

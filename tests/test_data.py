@@ -107,8 +107,12 @@ def test_saved_datasets_directory_with_class_labels(tmp_path):
     assert ds.labels == ["neg", "pos"] and ds.label_ids == [0, 1, 1] and ds.texts == ["bad", "good", "great"]
 
     datasets.DatasetDict({"train": data, "test": data}).save_to_disk(str(tmp_path / "dd"))
-    with pytest.raises(ValueError, match=r"holds splits \['train', 'test'\]: choose one with split="):
-        load_text_classification(tmp_path / "dd", text_column="sentence", label_column="y")
+    assert len(load_text_classification(tmp_path / "dd", text_column="sentence", label_column="y")) == 3  # train
+    datasets.DatasetDict({"validation": data, "test": data}).save_to_disk(str(tmp_path / "vt"))
+    with pytest.raises(ValueError, match=r"holds splits \['validation', 'test'\]: choose one with --split"):
+        load_text_classification(tmp_path / "vt", text_column="sentence", label_column="y")
+    with pytest.raises(ValueError, match=r"has no split 'dev'; available splits: train, test. Choose one with --split"):
+        load_text_classification(tmp_path / "dd", text_column="sentence", label_column="y", split="dev")
     assert len(load_text_classification(tmp_path / "dd", text_column="sentence", label_column="y",
                                         split="test")) == 3
     (tmp_path / "plain").mkdir()
