@@ -219,14 +219,17 @@ def test_pair_items_are_dicts_with_text_pair(tmp_path):
 
 
 def entailment_rows(n: int) -> list[dict]:
-    """An offline entailment toy: the hypothesis repeats the premise's adjective (entailment) or swaps its
-    polarity (contradiction)."""
+    """An offline pair toy: "entailment" when both sentences share a sentiment, "contradiction" when they do not.
+    Only learnable from both texts together (either one alone is at chance)."""
+    import random
+
+    rng = random.Random(9)
+    good, bad = ["good", "great", "lovely", "superb"], ["bad", "awful", "poor", "dreadful"]
     rows = []
-    for i, (text, y) in enumerate(toy_task(n, seed=9)):
-        same = i % 2 == 0
-        hypothesis = ("it was good" if y else "it was bad") if same else ("it was bad" if y else "it was good")
-        rows.append({"premise": text, "hypothesis": hypothesis,
-                     "label": "entailment" if same else "contradiction"})
+    for _ in range(n):
+        a, b = rng.choice([good, bad]), rng.choice([good, bad])
+        rows.append({"premise": f"the movie was {rng.choice(a)}", "hypothesis": f"the food was {rng.choice(b)}",
+                     "label": "entailment" if a is b else "contradiction"})
     return rows
 
 
@@ -241,7 +244,8 @@ def test_pair_training_never_drops_the_second_text(work, tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in entailment_rows(400)))
     out = tmp_path / "out"
     argv = ["train", "--model", work / "base", "--data", data, "--text-column", "premise", "--text-pair-column",
-            "hypothesis", "--eval-rows", "80", "--output-dir", out, *FAST]
+            "hypothesis", "--eval-rows", "80", "--output-dir", out, "--batch-size", "16", "--epochs", "6", "--lr",
+            "3e-3", "--max-length", "16", "--no-progress"]
     head = AutoHeadForSequenceClassification.from_pretrained(str(work / "base"), labels=NAMES)
     if not supports_pairs(head):
         line = one_error(cli_run(*argv))
