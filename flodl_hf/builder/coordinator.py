@@ -190,7 +190,9 @@ class Coordinator:
                 # would make the first window run at the slowest rank's pace
                 max_ahead=self.overshoot if self.anchor.el.calibrated else None,
                 batch_diff=self.s.max_batch_diff,
-                hold_rank=self._slowest() if self.s.policy is ApplyPolicy.ASYNC else None,
+                # collective ASYNC: the others would wait in the all-reduce for the slowest rank's extra batch (the
+                # CPU backend never waits for a snapshot, so an extra batch there costs nobody anything)
+                hold_rank=self._slowest() if self.s.policy is ApplyPolicy.ASYNC and self.collective else None,
             )
         self.plan = plan
         self.plan_deferred = False
