@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
 # --- commands -------------------------------------------------------------------------------------------------
 
 def settings_from_args(args: argparse.Namespace) -> Any:
-    from .jobs import TrainSettings
+    from .job.settings import TrainSettings
 
     return TrainSettings(model=args.model, data=args.data, text_column=args.text_column,
                          label_column=args.label_column, labels=args.labels, encoding=args.encoding,
@@ -289,8 +289,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
 def run_train(args: Any) -> dict:
     """Run ``flodl-hf train`` in-process: ``args`` is a parsed Namespace or a ``TrainSettings``."""
-    from .jobs import TrainSettings
-    from .jobs import run_train as job
+    from .job.settings import TrainSettings
+    from .job.run import run_train as job
 
     settings = args if isinstance(args, TrainSettings) else settings_from_args(args)
     try:
@@ -327,7 +327,7 @@ def _cmd_train(args: argparse.Namespace, argv: Sequence[str] = ("train",)) -> in
     try:
         run_train(args)
     except Exception as exc:
-        loop = sys.modules.get("flodl_hf.training_loop")  # not imported: the run stopped before training
+        loop = sys.modules.get("flodl_hf.job.loop")  # not imported: the run stopped before training
         if loop is not None and isinstance(exc, loop.TrainingInterrupted):
             if not exc.is_main:
                 return 0  # rank 0 reports and sets the exit code
@@ -359,7 +359,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     if pairs is None:
         results = head.predict(list(args.texts), top_k=args.top_k)
     else:
-        from .evaluation import require_pairs
+        from .job.evaluate import require_pairs
 
         require_pairs(head, "--pair")
         results = head.predict(list(args.texts), text_pairs=list(pairs), top_k=args.top_k)
@@ -377,10 +377,10 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from .data import load_text_classification
-    from .evaluation import evaluate_head
+    from .job.evaluate import evaluate_head
     from .ownership import check_output_file, writable_parent
     from .preflight import check_model_dir, check_trained, model_labels
-    from .problem import headline, problem_from_config
+    from .job.problems import headline, problem_from_config
 
     if args.json:
         writable_parent(args.json, "--json")

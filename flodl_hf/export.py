@@ -9,27 +9,25 @@ covers short sentences, texts of 2x and 5x the tokenizer's ``model_max_length`` 
 the length the model trained with (a head's ``save_pretrained`` and :func:`export_model_dir` both write it).
 Pushing to the Hub lives in :mod:`flodl_hf.hub` (:func:`push_output_dir` is re-exported here).
 
-Output directories are built in a temporary sibling and renamed into place at the end, so an interrupted run never
-leaves a half-written directory; a non-empty directory not written by flodl-hf is never replaced.
+Output directories are built in a temporary sibling and renamed into place at the end
+(:func:`flodl_hf.ownership.staged_output_dir`), so an interrupted run never leaves a half-written directory; a
+non-empty directory not written by flodl-hf is never replaced.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from . import ownership
-from .atomic import atomic_dir
-from .ownership import owns_dir
+from .ownership import staged_output_dir
 from .quiet import quiet_transformers
 
-__all__ = ["VerifyReport", "verify_model_dir", "export_model_dir", "check_output_dir", "staged_output_dir",
-           "is_flodl_output", "MARKER_FILE", "DEFAULT_VERIFY_SENTENCES", "LONG_TEXT_FACTORS", "long_verify_texts",
-           "trained_max_length", "push_output_dir"]
+__all__ = ["VerifyReport", "verify_model_dir", "export_model_dir", "MARKER_FILE", "DEFAULT_VERIFY_SENTENCES",
+           "LONG_TEXT_FACTORS", "long_verify_texts", "trained_max_length", "push_output_dir"]
 
 #: File that marks a directory as written by flodl-hf (its JSON has ``"generator": "flodl-hf"``).
 MARKER_FILE = ownership.MARKER
@@ -45,40 +43,6 @@ LONG_TEXT_FACTORS = (2, 5)
 """Long verify texts are this many times the tokenizer's ``model_max_length``."""
 NO_MAX_LENGTH = 10**8
 """A ``model_max_length`` at or above this is transformers' "not set" (1e30)."""
-
-
-# --- output directories -------------------------------------------------------------------------------------
-
-def is_flodl_output(path: Union[str, Path]) -> bool:
-    """True when ``path`` is a directory flodl-hf wrote (its marker, or an earlier version's metrics.json)."""
-    return owns_dir(path)
-
-
-def check_output_dir(path: Union[str, Path], overwrite: bool, option: str = "--output-dir") -> Path:
-    """Refuse (ValueError) an output path we must not write to; call before any long work (see ``ownership``)."""
-    return ownership.check_output_dir(path, overwrite, option)
-
-
-@contextlib.contextmanager
-def staged_output_dir(path: Union[str, Path], overwrite: bool = False, option: str = "--output-dir") -> Iterator[Path]:
-    """Yield an empty temporary directory beside ``path``; on success it replaces ``path`` by renames.
-
-    On an exception the temporary directory is removed and ``path`` is untouched. A previous flodl-hf output is
-    replaced only with ``overwrite=True`` (see :func:`check_output_dir`). The new directory carries flodl-hf's
-    marker, recording every entry written, so a later ``--overwrite`` can tell them from a user's files.
-    """
-    target = check_output_dir(path, overwrite, option).resolve()
-    ownership.remove_stale_temporaries(target.parent, [target.name])
-    holder: list[Path] = []
-
-    def before_swap() -> None:
-        check_output_dir(target, overwrite, option)  # nothing foreign appeared meanwhile
-        staging = holder[0]
-        ownership.write_marker(staging, "output", [p.name for p in staging.iterdir()])
-
-    with atomic_dir(target, before_swap=before_swap) as staging:
-        holder.append(staging)
-        yield staging
 
 
 # --- verification -------------------------------------------------------------------------------------------

@@ -19,15 +19,19 @@ Everything here is plain ``pathlib`` (no torch), so refusals cost milliseconds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 from pathlib import Path
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Iterator, Optional, Sequence, Union
 
-__all__ = ["MARKER", "read_marker", "owns_dir", "write_marker", "check_output_dir", "check_output_file",
-           "check_disjoint", "claim_checkpoint_dir", "remove_owned", "remove_stale_temporaries", "owned_json"]
+from .atomic import atomic_dir
+
+__all__ = ["MARKER", "read_marker", "owns_dir", "write_marker", "check_output_dir", "staged_output_dir",
+           "check_output_file", "check_disjoint", "claim_checkpoint_dir", "remove_owned", "remove_stale_temporaries",
+           "owned_json"]
 
 PathLike = Union[str, Path]
 
@@ -96,6 +100,28 @@ def check_output_dir(path: PathLike, overwrite: bool, option: str = "--output-di
                              f"{' ...' if len(foreign) > 5 else ''}), so --overwrite would lose them: move them "
                              f"out, or choose another {option}")
     return path
+
+
+@contextlib.contextmanager
+def staged_output_dir(path: PathLike, overwrite: bool = False, option: str = "--output-dir") -> Iterator[Path]:
+    """Yield an empty temporary directory beside ``path``; on success it replaces ``path`` by renames.
+
+    On an exception the temporary directory is removed and ``path`` is untouched. A previous flodl-hf output is
+    replaced only with ``overwrite=True`` (see :func:`check_output_dir`). The new directory carries flodl-hf's
+    marker, recording every entry written, so a later ``--overwrite`` can tell them from a user's files.
+    """
+    target = check_output_dir(path, overwrite, option).resolve()
+    remove_stale_temporaries(target.parent, [target.name])
+    holder: list[Path] = []
+
+    def before_swap() -> None:
+        check_output_dir(target, overwrite, option)  # nothing foreign appeared meanwhile
+        staging = holder[0]
+        write_marker(staging, "output", [p.name for p in staging.iterdir()])
+
+    with atomic_dir(target, before_swap=before_swap) as staging:
+        holder.append(staging)
+        yield staging
 
 
 def owned_json(path: Path, kind: str = "eval") -> bool:

@@ -122,7 +122,7 @@ def _run_metrics(**overrides):
 
 
 def test_training_setup_of_a_resumed_multi_rank_run_round_trips(tmp_path):
-    from flodl_hf.reporting import training_table
+    from flodl_hf.job.outputs import training_table
 
     table = training_table(_run_metrics())
     path = write_model_card(info(training=table), tmp_path)
@@ -139,7 +139,7 @@ def test_training_setup_of_a_resumed_multi_rank_run_round_trips(tmp_path):
 
 
 def test_training_setup_of_a_single_device_run_that_stopped_early():
-    from flodl_hf.reporting import training_table
+    from flodl_hf.job.outputs import training_table
 
     table = training_table(_run_metrics(
         devices=["cpu"], world_size=1, policy="single device", el_che=None, resumed=[], steps_run=200,

@@ -15,7 +15,8 @@ from huggingface_hub import ModelCard
 from tiny_models import make_checkpoint, toy_task
 
 from flodl_hf import cli, defaults
-from flodl_hf.jobs import LinearSchedule, TrainSettings
+from flodl_hf.job.schedule import LinearSchedule
+from flodl_hf.job.settings import TrainSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--batch-size", "16", "--epochs", "3", "--lr", "2e-3", "--max-length", "16", "--eval-rows", "40",

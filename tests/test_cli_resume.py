@@ -17,12 +17,15 @@ import pytest
 from huggingface_hub import ModelCard
 from tiny_models import toy_task
 
-from flodl_hf import cli, jobs, reporting
+from flodl_hf import cli
 from flodl_hf.checkpoint import ResumeError
 from flodl_hf.interrupt import GracefulInterrupt
-from flodl_hf.job_checkpoints import check_plan
+from flodl_hf.job import outputs
+from flodl_hf.job.checkpoints import check_plan
+from flodl_hf.job.loop import TrainingInterrupted
+from flodl_hf.job.run import run_train
+from flodl_hf.job.schedule import LinearSchedule
 from flodl_hf.ownership import write_marker
-from flodl_hf.training_loop import TrainingInterrupted
 from heads import AutoHeadForSequenceClassification
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +85,7 @@ def test_interrupted_then_resumed_run_reproduces_every_loss(work, uninterrupted,
 
     handler = signal.getsignal(signal.SIGINT)
     with pytest.raises(TrainingInterrupted) as stopped:
-        jobs.run_train(settings, AutoHeadForSequenceClassification, log=log)
+        run_train(settings, AutoHeadForSequenceClassification, log=log)
     assert signal.getsignal(signal.SIGINT) is handler  # installed only for the loop, then restored
     checkpoint_dir = tmp_path / "out.checkpoint"
     assert stopped.value.step == 4 and stopped.value.checkpoint_dir == checkpoint_dir  # finished the step
@@ -216,8 +219,8 @@ def test_tensorboard_scalars_are_written_to_runs(work, tmp_path):
 
 
 def test_tensorboard_missing_is_one_line_with_the_pip_command(work, tmp_path, capsys, monkeypatch):
-    real = reporting.importlib.util.find_spec
-    monkeypatch.setattr(reporting.importlib.util, "find_spec",
+    real = outputs.importlib.util.find_spec
+    monkeypatch.setattr(outputs.importlib.util, "find_spec",
                         lambda name, *a: None if name == "tensorboard" else real(name, *a))
     out = tmp_path / "out"
     code = cli.main(small_args(work, out, "--report-to", "tensorboard"))
@@ -274,10 +277,10 @@ def test_linear_schedule_state_round_trip():
     import torch
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    schedule = jobs.LinearSchedule(optimizer, total=10, warmup_ratio=0.2)
+    schedule = LinearSchedule(optimizer, total=10, warmup_ratio=0.2)
     for _ in range(4):
         schedule.step()
-    other = jobs.LinearSchedule(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 99, 0.5)
+    other = LinearSchedule(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 99, 0.5)
     other.load_state_dict(schedule.state_dict())
     assert other.state_dict() == schedule.state_dict() and other.factor() == schedule.factor()
     other.set_base_lr(0.5)

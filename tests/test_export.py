@@ -1,4 +1,5 @@
-"""flodl_hf.export: verify_model_dir (keys, labels, logits vs a head), export_model_dir, atomic output dirs."""
+"""flodl_hf.export: verify_model_dir (keys, labels, logits vs a head), export_model_dir; atomic output dirs
+(flodl_hf.ownership.staged_output_dir)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny_models import make_checkpoint
 
-from flodl_hf.export import (check_output_dir, export_model_dir, is_flodl_output, staged_output_dir,
-                             verify_model_dir)
+from flodl_hf.export import export_model_dir, verify_model_dir
+from flodl_hf.ownership import check_output_dir, owns_dir, staged_output_dir
 
 SENTENCES = ["the movie was good", "the plot was awful", "this book is fine"]
 
@@ -152,7 +153,7 @@ def test_staged_output_dir_is_atomic(tmp_path):
     assert not target.exists() and list(tmp_path.iterdir()) == []
     with staged_output_dir(target) as staging:
         _mark(staging)
-    assert is_flodl_output(target) and list(tmp_path.iterdir()) == [target]
+    assert owns_dir(target) and list(tmp_path.iterdir()) == [target]
     mask = os.umask(0)
     os.umask(mask)
     assert stat.S_IMODE(target.stat().st_mode) == 0o777 & ~mask  # not mkdtemp's 0700

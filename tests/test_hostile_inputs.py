@@ -221,7 +221,7 @@ def test_sigterm_checkpoints_like_ctrl_c_and_stale_temporaries_are_removed(share
 
 def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(shared, tmp_path, capsys, monkeypatch):
     from flodl_hf import atomic
-    from flodl_hf.job_checkpoints import read_job_state
+    from flodl_hf.job.checkpoints import read_job_state
 
     real_replace = os.replace
     calls = {"n": 0}

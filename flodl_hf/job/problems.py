@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from .data import PROBLEM_TYPES
-from .metrics import classification_summary
+from ..data import PROBLEM_TYPES
+from ..metrics import classification_summary
 
 __all__ = ["PROBLEM_TYPES", "HF_PROBLEM_TYPES", "DEFAULT_METRIC", "METRICS", "problem_from_config",
            "greater_is_better", "summarize", "headline", "pearson", "spearman", "check_metric"]

@@ -1,6 +1,6 @@
 """The loop of ``flodl-hf train``: the plain setup-mode loop plus what a long run needs at each optimizer step.
 
-It exists to keep ``flodl_hf.jobs`` (settings, data, model, outputs) apart from the per-step policy, which is:
+It exists to keep ``flodl_hf.job.run`` (settings, data, model, outputs) apart from the per-step policy, which is:
 
 - **Checkpoints** every ``checkpoint_every`` optimizer steps, always right after a ``graph.step()`` that stepped the
   optimizer (the engine's requirement). The job's own state (rank 0's loss history, evaluation history,
@@ -12,8 +12,8 @@ It exists to keep ``flodl_hf.jobs`` (settings, data, model, outputs) apart from 
   from that state, so the last good one is kept.
 - **Evaluation** on the held-out split every ``eval_every`` optimizer steps (rank 0), recorded in the history, the
   progress bar and TensorBoard; each evaluation that improves ``LoopOptions.metric`` is handed to
-  ``LoopOptions.on_best`` (the job keeps those weights: ``flodl_hf.best_model``), and **early stopping** follows
-  ``patience`` evaluations without improvement.
+  ``LoopOptions.on_best`` (the job keeps those weights: ``flodl_hf.job.evaluate.BestWeights``), and **early
+  stopping** follows ``patience`` evaluations without improvement.
 
 On N ranks every decision must be the same on every rank (they all checkpoint, stop or go on together): the three
 flags (interrupted, diverged, early stop) are raised with ``graph.raise_flag`` before ``graph.step()`` and read
@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .checkpoint import CHECKPOINT_FILE
-from .interrupt import GracefulInterrupt
+from ..checkpoint import CHECKPOINT_FILE
+from ..interrupt import GracefulInterrupt
 
 __all__ = ["LoopOptions", "LoopState", "TrainingInterrupted", "TrainingDiverged", "run_loop"]
 
@@ -122,7 +122,7 @@ def run_loop(head: Any, graph: Any, state: LoopState, options: LoopOptions, *, p
     """Train ``options.epochs`` epochs (skipping what a loaded checkpoint already did); return the updated state.
 
     ``evaluate()`` (called on rank 0 only) returns a classification summary of the held-out split. ``board`` is a
-    ``flodl_hf.reporting.ScalarBoard`` or None. Raises :class:`TrainingInterrupted` / :class:`TrainingDiverged`.
+    ``flodl_hf.job.outputs.ScalarBoard`` or None. Raises :class:`TrainingInterrupted` / :class:`TrainingDiverged`.
     """
     main = graph.is_main
     total = options.steps_per_epoch * options.epochs

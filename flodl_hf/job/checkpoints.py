@@ -1,6 +1,6 @@
 """Where a ``flodl-hf train`` job keeps its checkpoint, what it records there, and which resumes it refuses.
 
-It exists so that the training job (``flodl_hf.jobs``) and its loop (``flodl_hf.training_loop``) share one set of
+It exists so that the training job (``flodl_hf.job.run``) and its loop (``flodl_hf.job.loop``) share one set of
 rules about the checkpoint directory, kept apart from the engine's file format (``flodl_hf.checkpoint``):
 
 - The directory is ``--checkpoint-dir``, else the ``--resume`` directory, else ``<output-dir>.checkpoint`` beside
@@ -21,14 +21,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from . import ownership
+from .. import ownership
 
 #: The engine's checkpoint file name (``flodl_hf.checkpoint.CHECKPOINT_FILE``; not imported: that pulls in torch).
 CHECKPOINT_FILE = "checkpoint.pt"
 
 
 def ResumeError(message: str) -> Exception:  # noqa: N802 - builds the engine's exception type lazily
-    from .checkpoint import ResumeError as error
+    from ..checkpoint import ResumeError as error
 
     return error(message)
 
@@ -134,7 +134,7 @@ def prepare_checkpoints(settings: Any) -> tuple[Path, Optional[dict]]:
 
 def resume(graph: Any, settings: Any, saved: dict, plan: dict, schedule: Any, say: Callable[[str], None]) -> Any:
     """Load the checkpoint into ``graph``; return the loop state it carries (with this resume recorded)."""
-    from .training_loop import LoopState
+    from .loop import LoopState
 
     check_plan(saved["plan"], plan, settings.resume)
     state = LoopState.from_extra(graph.load_checkpoint(settings.resume))

@@ -1,7 +1,7 @@
 """What a ``flodl-hf train`` run reports: metrics.json, the model card's training table, the output directory, and
 TensorBoard scalars.
 
-It exists to keep the job (``flodl_hf.jobs``) about training and to give every reported figure one home:
+It exists to keep the job (``flodl_hf.job.run``) about training and to give every reported figure one home:
 ``build_metrics`` assembles the content of ``metrics.json``; ``training_table`` is the card's "Training" section
 (devices, world size, policy, El Che anchor and shares on N ranks, precision, epochs, batch, LR, evaluation and
 early stopping, resumes); ``write_outputs`` stages the model files, ``README.md``, ``metrics.json``,
@@ -67,7 +67,7 @@ def policy_name(world_size: int) -> str:
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return __version__
 
@@ -84,9 +84,9 @@ def build_metrics(*, settings: Any, sources: Any, dataset: Any, train_ds: Any, e
                   loop: Any, graph: Any, total_steps: int, eval_time: float) -> dict:
     """The content of ``metrics.json`` (``wall_time_s`` is filled in by :func:`write_outputs`).
 
-    The held-out scores are the problem type's metrics (``flodl_hf.problem.METRICS``) at the top level, of the
+    The held-out scores are the problem type's metrics (``flodl_hf.job.problems.METRICS``) at the top level, of the
     weights written (the best periodic evaluation's, when they beat the final ones: ``written_weights``)."""
-    from .problem import METRICS
+    from .problems import METRICS
 
     problem = settings.problem_type
     counts = train_ds.label_counts()
@@ -197,9 +197,9 @@ def training_table(metrics: dict) -> dict:
 def write_outputs(head: Any, settings: Any, sources: Any, metrics: dict, started: float,
                   runs_dir: Optional[Path] = None) -> None:
     """Write the output directory in one atomic swap: model files, card, metrics.json, loss curve, runs/."""
-    from .cards import CardInfo, write_model_card
-    from .export import staged_output_dir
-    from .metrics import plot_loss_curve
+    from ..cards import CardInfo, write_model_card
+    from ..metrics import plot_loss_curve
+    from ..ownership import staged_output_dir
 
     with staged_output_dir(settings.output_dir, overwrite=settings.overwrite) as staging:
         head.save_pretrained(str(staging))
@@ -236,7 +236,7 @@ def _write_scores_card(info: dict, metrics: dict, directory: Path) -> Path:
     """A model card for a problem type the card template cannot show yet (regression: Pearson, Spearman, MSE)."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-    from .problem import METRICS
+    from .problems import METRICS
 
     problem = metrics["problem_type"]
     scores = [name for name in METRICS[problem] if name in metrics]

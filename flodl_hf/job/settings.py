@@ -1,0 +1,177 @@
+"""The settings of one ``flodl-hf train`` job, validated at construction.
+
+It exists so that every option of the job (the CLI's ``train`` options, one field each) is checked in one place,
+before anything loads: a bad value is one ``ValueError`` line naming the setting and a valid example, whether the
+job comes from the command line or from a script (``TrainSettings(...)``). The engine settings of the run
+(devices, precision, El Che) are validated by building the job's ``DdpConfig`` right away.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from ..config import PRECISIONS, DdpConfig
+from ..data import PROBLEM_TYPES
+
+__all__ = ["TrainSettings", "DEFAULT_EVAL_ROWS", "REPORT_TO"]
+
+#: Held-out rows when ``eval_rows`` is not given (capped at a fifth of a small dataset).
+DEFAULT_EVAL_ROWS = 1000
+#: Values of ``report_to`` (``--report-to``).
+REPORT_TO = ("none", "tensorboard")
+
+
+def _positive_int(name: str, value: Any, example: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} is invalid: use an integer >= 1, e.g. {example}")
+
+
+def _optional_positive_int(name: str, value: Any, example: int) -> None:
+    if value is not None:
+        _positive_int(name, value, example)
+
+
+@dataclass
+class TrainSettings:
+    """Every setting of one training job (the CLI's ``train`` options, one field each)."""
+
+    model: Optional[str] = None
+    """Checkpoint directory (base or with a classifier). None: the packaged MiniLM."""
+    data: Optional[str] = None
+    """CSV / JSON / JSON-lines file or saved ``datasets`` directory. None: the packaged sentiment corpus."""
+    text_column: Optional[str] = None
+    """Column holding the text (None: ``text``)."""
+    label_column: Optional[str] = None
+    """Column holding the label (None: ``label``, or ``sentiment`` for the packaged corpus)."""
+    labels: Optional[Sequence[str]] = None
+    """Label names in id order (None: the data's ``ClassLabel`` names, else its sorted distinct labels). The data's
+    labels are matched to them by name."""
+    split: Optional[str] = None
+    """Split of a ``DatasetDict`` / Hub dataset to train on (None: ``train``, else the only split)."""
+    eval_data: Optional[str] = None
+    """A separate held-out source (any ``data`` format), instead of carving rows out of ``data``."""
+    eval_split: Optional[str] = None
+    """A split of ``eval_data`` (or, without it, of ``data``) to evaluate on, instead of carving rows out."""
+    problem_type: str = "single_label"
+    """``single_label``, ``multi_label`` or ``regression`` (see ``flodl_hf.data``)."""
+    text_pair_column: Optional[str] = None
+    """Column with the second text of sentence pairs (None: single texts)."""
+    metric_for_best: Optional[str] = None
+    """Held-out metric that picks the written checkpoint and drives early stopping (None: accuracy, micro_f1 or
+    pearson by problem type; ``flodl_hf.job.problems.DEFAULT_METRIC``)."""
+    encoding: Optional[str] = None
+    """Text encoding of the data file (None: utf-8, falling back to latin-1)."""
+    epochs: int = 1
+    batch_size: int = 32
+    """Micro-batch per rank (the global batch is devices x batch_size)."""
+    lr: float = 5e-5
+    max_length: int = 64
+    """Tokens per text; longer texts are truncated."""
+    train_rows: Optional[int] = 4000
+    """Rows drawn (seeded) from what the held-out split leaves; None or more than available: all of them."""
+    eval_rows: Optional[int] = None
+    """Held-out rows (seeded split, disjoint from training). None: 1000, capped at a fifth of the data. With
+    ``eval_data`` / ``eval_split``: a seeded subset of those rows (None: all of them)."""
+    seed: int = 0
+    """Seed of the split, the row subset, the shuffling and the classifier initialisation."""
+    output_dir: str = "flodl-hf-output"
+    overwrite: bool = False
+    """Replace a previous flodl-hf output in ``output_dir`` (other directories are never replaced)."""
+    devices: Optional[Sequence[str]] = None
+    """One rank per entry (``["cpu", "cpu"]``, ``["cuda:0", "cuda:1"]``); None: DdpConfig's automatic choice."""
+    precision: str = "fp32"
+    warmup_ratio: Optional[float] = None
+    """None: constant LR. A value in [0, 1): linear warmup over that fraction of the steps, then linear decay."""
+    progress: bool = True
+    """Progress bars (rank 0 only)."""
+    eval_batch_size: int = 64
+    checkpoint_every: Optional[int] = None
+    """Write a checkpoint every N optimizer steps (None: only on Ctrl-C)."""
+    checkpoint_dir: Optional[str] = None
+    """Where checkpoints go. None: the ``resume`` directory, else ``<output_dir>.checkpoint`` beside the output."""
+    keep_checkpoint: bool = False
+    """Keep the checkpoint directory after a successful run (default: removed once the output is written)."""
+    resume: Optional[str] = None
+    """Continue the run whose checkpoint is in this directory (same data plan and model required)."""
+    eval_every: Optional[int] = None
+    """Evaluate on the held-out split every N optimizer steps (None: only at the end)."""
+    early_stopping_patience: Optional[int] = None
+    """Stop when the ``metric_for_best`` has not improved for this many evaluations (needs ``eval_every``)."""
+    report_to: str = "none"
+    """``tensorboard``: write scalars (training loss, the held-out metrics) to ``<output_dir>/runs``."""
+    speed_hint: Optional[tuple] = None
+    """``(slow_rank, ratio)``: DdpConfig.speed_hint, the other ranks are ``ratio`` (>= 1) times faster."""
+    overhead_target: float = 0.10
+    """DdpConfig.overhead_target: El Che's ceiling of synchronisation / compute time, in [0.01, 0.5]."""
+    fixed_anchor: Optional[int] = None
+    """DdpConfig.fixed_anchor: micro-steps per optimizer step, constant (None: El Che adapts it)."""
+    max_micro_batch: Optional[int] = None
+    """DdpConfig.max_micro_batch: no rank's micro-batch exceeds this many samples (None: no cap)."""
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _positive_int("epochs", self.epochs, 1)
+        _positive_int("batch_size", self.batch_size, 32)
+        _positive_int("max_length", self.max_length, 64)
+        _positive_int("eval_batch_size", self.eval_batch_size, 64)
+        if self.train_rows is not None:
+            _positive_int("train_rows", self.train_rows, 4000)
+        if self.eval_rows is not None:
+            _positive_int("eval_rows", self.eval_rows, 1000)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed={self.seed!r} is invalid: use an integer from 0 to 2**63-1 (--seed), e.g. 0")
+        if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr)
+                                             and self.lr > 0):
+            raise ValueError(f"lr={self.lr!r} is invalid: use a positive learning rate, e.g. 5e-5")
+        if self.warmup_ratio is not None and not 0.0 <= float(self.warmup_ratio) < 1.0:
+            raise ValueError(f"warmup_ratio={self.warmup_ratio!r} is invalid: use a fraction in [0, 1), e.g. 0.1")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r} is invalid: use one of {', '.join(PRECISIONS)}")
+        if self.labels is not None:
+            self.labels = [str(label) for label in self.labels]
+        if self.devices is not None:
+            if isinstance(self.devices, str):
+                self.devices = [d.strip() for d in self.devices.split(",") if d.strip()]
+            if not self.devices:
+                raise ValueError("devices is empty: give at least one, e.g. cpu or cpu,cpu")
+        _optional_positive_int("checkpoint_every", self.checkpoint_every, 500)
+        _optional_positive_int("eval_every", self.eval_every, 200)
+        _optional_positive_int("early_stopping_patience", self.early_stopping_patience, 3)
+        if self.early_stopping_patience is not None and self.eval_every is None:
+            raise ValueError(f"--early-stopping-patience {self.early_stopping_patience} needs --eval-every N: early "
+                             "stopping counts held-out evaluations, e.g. --eval-every 200")
+        if self.problem_type not in PROBLEM_TYPES:
+            raise ValueError(f"problem_type={self.problem_type!r} is invalid: use one of {', '.join(PROBLEM_TYPES)} "
+                             "(--problem-type)")
+        if self.metric_for_best is not None:
+            from .problems import check_metric
+
+            check_metric(self.metric_for_best, self.problem_type)
+        if self.eval_data is None and self.eval_split is not None and self.eval_split == (self.split or "train"):
+            raise ValueError(f"--eval-split {self.eval_split} is the split training uses (--split): evaluating on "
+                             "the training rows says nothing; name another split, e.g. --eval-split validation")
+        if self.problem_type == "regression" and self.labels is not None:
+            raise ValueError("--labels names classes, but --problem-type regression has none: leave --labels out")
+        if self.report_to not in REPORT_TO:
+            raise ValueError(f"report_to={self.report_to!r} is invalid: use one of {', '.join(REPORT_TO)}")
+        if self.speed_hint is not None:
+            self.speed_hint = tuple(self.speed_hint)
+            if self.devices is not None and len(self.speed_hint) == 2 and int(self.speed_hint[0]) >= len(self.devices):
+                raise ValueError(f"speed hint rank {self.speed_hint[0]} does not exist with {len(self.devices)} "
+                                 f"device(s): name a rank from 0 to {len(self.devices) - 1}")
+        self.ddp_config()  # DdpConfig validates devices, speed_hint and overhead_target now, not after loading
+
+    @property
+    def best_metric(self) -> str:
+        """The metric that picks the best checkpoint (``metric_for_best`` or the problem type's default)."""
+        from .problems import DEFAULT_METRIC
+
+        return self.metric_for_best or DEFAULT_METRIC[self.problem_type]
+
+    def ddp_config(self) -> DdpConfig:
+        """The engine configuration of this job."""
+        return DdpConfig(seed=self.seed, devices=self.devices, precision=self.precision, verbose=True,
+                         speed_hint=self.speed_hint, overhead_target=self.overhead_target,
+                         fixed_anchor=self.fixed_anchor, max_micro_batch=self.max_micro_batch)
