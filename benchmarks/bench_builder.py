@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import glob
 import json
 import os
 import shutil
@@ -167,28 +166,26 @@ def idle_fractions(timing_dir: str, pids: list[int], speeds: list[float]) -> lis
     return out
 
 
-def vm_hwm_mb(pid: Any = "self") -> Optional[float]:
-    """Peak resident set size (VmHWM) of a process in MB, or None if it is gone."""
+def _proc_mb(pid: Any, filename: str, key: str) -> Optional[float]:
+    """A ``key:  N kB`` line of ``/proc/<pid>/<filename>`` in MB, or None if the process is gone."""
     try:
-        with open(f"/proc/{pid}/status") as fh:
+        with open(f"/proc/{pid}/{filename}") as fh:
             for line in fh:
-                if line.startswith("VmHWM:"):
+                if line.startswith(key):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         return None
     return None
+
+
+def vm_hwm_mb(pid: Any = "self") -> Optional[float]:
+    """Peak resident set size (VmHWM) of a process in MB, or None if it is gone."""
+    return _proc_mb(pid, "status", "VmHWM:")
 
 
 def pss_mb(pid: Any = "self") -> Optional[float]:
     """Proportional set size of a process in MB (shared pages divided among the processes mapping them)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as fh:
-            for line in fh:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        return None
-    return None
+    return _proc_mb(pid, "smaps_rollup", "Pss:")
 
 
 def accuracy(model: torch.nn.Module) -> float:

@@ -313,14 +313,16 @@ def test_model_state_flattens_and_rebuilds_the_state_dict():
     model = _Tied()
     ms = ModelState(model)
     assert ms.layout.param_numel == 15 + 6 and ms.layout.buffer_numel == 6  # tied weight once; bn mean/var
-    rebuilt = state_from_flat(ms.layout, ms.flat_params(), ms.flat_buffers(), ms.other_values())
+    flat = ms.flat_state()
+    rebuilt = state_from_flat(ms.layout, flat[:21], flat[21:], ms.other_values())
     assert list(rebuilt) == list(model.state_dict())
     for k, v in model.state_dict().items():
         assert torch.equal(rebuilt[k], v) and rebuilt[k].dtype == v.dtype
-    ms.load_params(torch.zeros(21))
+    ms.load_flat(torch.zeros(27))
     assert float(model.emb.weight.detach().abs().sum()) == 0.0 and model.out.weight is model.emb.weight
-    ms.add_to_params(torch.ones(21))
+    ms.apply_delta(torch.ones(27), torch.zeros(27))  # parameters += avg - snap; buffers = avg
     assert float(model.bn.weight.detach().sum()) == 3.0 and float(model.emb.weight.detach().sum()) == 15.0
+    assert float(model.bn.running_mean.sum()) == 3.0
 
 
 def test_checkpoint_is_written_atomically(tmp_path):

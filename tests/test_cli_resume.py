@@ -31,15 +31,7 @@ from heads import AutoHeadForSequenceClassification
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread_module():
-    """One torch thread: fastest for tiny models, and the same arithmetic as the OMP_NUM_THREADS=1 subprocess."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from test_cli import single_thread_module  # noqa: E402,F401 - the same autouse fixture (one torch thread)
 
 
 @pytest.fixture(scope="module")

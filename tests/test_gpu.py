@@ -119,35 +119,29 @@ def test_builder_cpu_backend_two_workers_share_one_gpu():
     assert handle.metrics[-1].avg_loss < handle.metrics[0].avg_loss
 
 
-@requires_gpus(1)
-def test_builder_sync_on_a_cpu_and_a_gpu_worker_equals_one_process():
-    """SYNC over gloo with one CPU and one CUDA replica (gradients cross devices in the bucketed all-reduce)."""
+def _builder_sync_equals_one_process(devices: list[str]) -> None:
     import builder_exact_helpers as ex
     from test_builder_exact import _reference_sync
 
     from flodl_hf import ApplyPolicy, AverageBackend
 
     state = (Trainer.builder(ex.make_model, ex.adamw, ex.loss_fn).dataset(ex.Indexed(96)).batch_size(8)
-             .num_epochs(2).policy(ApplyPolicy.SYNC).backend(AverageBackend.NCCL).devices(["cpu", "cuda:0"])
+             .num_epochs(2).policy(ApplyPolicy.SYNC).backend(AverageBackend.NCCL).devices(devices)
              .timeout(60).progress(False).run().join(timeout=300))
     reference = _reference_sync(96, 8, 2, 2, None)
     for key, value in reference.items():
         torch.testing.assert_close(state.state_dict()[key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+@requires_gpus(1)
+def test_builder_sync_on_a_cpu_and_a_gpu_worker_equals_one_process():
+    """SYNC over gloo with one CPU and one CUDA replica (gradients cross devices in the bucketed all-reduce)."""
+    _builder_sync_equals_one_process(["cpu", "cuda:0"])
 
 
 @requires_gpus(2)
 def test_builder_sync_over_nccl_equals_one_process():
-    import builder_exact_helpers as ex
-    from test_builder_exact import _reference_sync
-
-    from flodl_hf import ApplyPolicy, AverageBackend
-
-    state = (Trainer.builder(ex.make_model, ex.adamw, ex.loss_fn).dataset(ex.Indexed(96)).batch_size(8)
-             .num_epochs(2).policy(ApplyPolicy.SYNC).backend(AverageBackend.NCCL).devices(["cuda:0", "cuda:1"])
-             .timeout(60).progress(False).run().join(timeout=300))
-    reference = _reference_sync(96, 8, 2, 2, None)
-    for key, value in reference.items():
-        torch.testing.assert_close(state.state_dict()[key], value, rtol=1e-4, atol=1e-5, msg=key)
+    _builder_sync_equals_one_process(["cuda:0", "cuda:1"])
 
 
 @requires_gpus(1)

@@ -29,14 +29,7 @@ FAST = ["--batch-size", "16", "--epochs", "3", "--lr", "2e-3", "--max-length", "
 NAMES = ["neg", "pos"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread_module():
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from test_cli import single_thread_module  # noqa: E402,F401 - the same autouse fixture (one torch thread)
 
 
 def class_dataset(rows, names, ids_of=None) -> datasets.Dataset:

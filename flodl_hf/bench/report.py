@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 __all__ = ["OUTPUT_FILES", "prepare_output", "markdown_table", "write_outputs"]
 
@@ -133,11 +133,13 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(result: dict[str, Any], directory: str | Path) -> dict[str, Path]:
-    """Write table.md, results.json and plot.png into ``directory`` (see :func:`prepare_output`)."""
+def write_outputs(result: dict[str, Any], directory: str | Path, *, table: Optional[str] = None,
+                  plot: Optional[Callable[[dict[str, Any], Path], None]] = None) -> dict[str, Path]:
+    """Write table.md, results.json and plot.png into ``directory`` (see :func:`prepare_output`); ``table`` and
+    ``plot`` replace the bench's own table text and plot (the simulator's)."""
     out = prepare_output(directory)
     paths = {name: out / name for name in OUTPUT_FILES}
-    paths["table.md"].write_text(markdown_table(result))
+    paths["table.md"].write_text(markdown_table(result) if table is None else table)
     paths["results.json"].write_text(json.dumps(result, indent=1, default=str) + "\n")
-    _plot(result, paths["plot.png"])
+    (_plot if plot is None else plot)(result, paths["plot.png"])
     return paths

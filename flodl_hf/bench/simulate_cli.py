@@ -10,7 +10,6 @@ Nothing here imports torch. Usage errors exit 2 with one line on stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -185,17 +184,12 @@ def _plot(result: dict[str, Any], path: Path) -> None:
 
 def write_outputs(result: dict[str, Any], directory: str | Path) -> dict[str, Path]:
     """Write table.md, results.json and plot.png (the bench's rules: a foreign non-empty directory is refused)."""
-    from .report import OUTPUT_FILES, prepare_output
+    from . import report
 
-    out = prepare_output(directory)
-    paths = {name: out / name for name in OUTPUT_FILES}
     text = markdown_table(result)
     if result.get("calibration"):
         text += "\n" + calibration_table(result["calibration"])
-    paths["table.md"].write_text(text)
-    paths["results.json"].write_text(json.dumps(result, indent=1) + "\n")
-    _plot(result, paths["plot.png"])
-    return paths
+    return report.write_outputs(result, directory, table=text, plot=_plot)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -30,7 +30,7 @@ from .epochs import EpochBook
 from .guard import AnchorControl, DivergenceGuard
 from .lifecycle import Workers, stop_workers, wait_ready
 from .progress import ProgressBar
-from .rounds import AverageJob, Averager, CpuRounds, RoundResult, Snapshot
+from .rounds import AverageJob, Averager, CpuRounds, Snapshot
 from .settings import BuilderSettings
 from .slots import Slots
 from .state import Layout, state_from_flat

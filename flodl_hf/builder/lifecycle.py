@@ -67,7 +67,6 @@ def start_workers(s: BuilderSettings, recipe: Recipe, devices: list[str]) -> Wor
         speeds=speeds,
         policy=s.policy.value,
         backend=s.backend.value,
-        port=0,  # the collective backend's rank 0 binds a free port itself and publishes it
         timeout_s=float(s.timeout_s),
         startup_timeout_s=max(120.0, float(s.timeout_s)),
         threads=max(1, (os.cpu_count() or 1) // max(1, n_cpu)),

@@ -149,12 +149,12 @@ class Averager:
         snaps = [res.snapshots[r] for r in res.participants]
         weights = [float(s.samples if job.sync else s.batches) for s in snaps]
         out = self.slots.begin_write(res.round)
-        divergence = average_into(out, [self.slots.snap[r] for r in res.participants], weights, job.n_weighted)
+        divergence = average_into(out, [self.slots.snap[r] for r in res.participants], weights, job.n_weighted,
+                                  divergence=not job.sync)  # SYNC averages gradients: nothing drifted
         self.slots.end_write(res.round)
         present = None
         if job.sync:
             present = [any(flags) for flags in zip(*[s.present or [] for s in snaps])]
-            divergence = 0.0
         state = None
         if job.want_state:
             others = dict(res.snapshots[res.participants[0]].others)

@@ -55,14 +55,15 @@ class Slots:
 @torch.no_grad()
 def average_into(
     out: torch.Tensor, sources: Sequence[torch.Tensor], weights: Sequence[float], n_weighted: int,
-    bucket: int = BUCKET_NUMEL,
+    bucket: int = BUCKET_NUMEL, divergence: bool = True,
 ) -> float:
     """``out[:n_weighted] = sum_r w_r x_r / sum_r w_r`` and ``out[n_weighted:]`` = the plain mean, in place and
     bucket by bucket. Returns the largest relative distance ``||x_r - avg|| / ||avg||`` over the weighted part
     of ranks with a non-zero weight (how far the replicas drifted apart).
 
     Ranks with weight 0 (no batch since the last average) do not pull the average towards their stale state.
-    When every weight is 0 nothing was trained anywhere: the weighted part is the plain mean."""
+    When every weight is 0 nothing was trained anywhere: the weighted part is the plain mean. ``divergence=False``
+    (averaging gradients) skips the measurement, a pass over every source, and returns 0."""
     total = float(sum(weights))
     fractions = [float(w) / total for w in weights] if total > 0 else [1.0 / len(sources)] * len(sources)
     plain = 1.0 / len(sources)
@@ -79,7 +80,7 @@ def average_into(
                 chunk[: split - start].add_(x[start:split], alpha=f)
             if end > split:
                 chunk[split - start :].add_(x[split:end], alpha=plain)
-        if split > start:
+        if divergence and split > start:
             avg = chunk[: split - start]
             norm2 += float(avg.square().sum())
             for r, (x, f) in enumerate(zip(sources, fractions)):

@@ -2,8 +2,9 @@
 
 Why it exists: an average should cost one all-reduce (collective backend) or one message (CPU backend), not
 one per tensor, and the coordinator must rebuild a ``state_dict`` it can hand to the user without ever
-building the model. :class:`ModelState` binds to a live model (worker side) and flattens its floating
-parameters and floating buffers separately (parameters are averaged weighted by batches, buffers plainly);
+building the model. :class:`ModelState` binds to a live model (worker side) and reads and writes its floating
+parameters, then its floating buffers, as one vector ``[params | buffers]`` in place (parameters are averaged
+weighted by batches, buffers plainly);
 :class:`Layout` is the picklable description of ``model.state_dict()`` that the coordinator uses to unflatten.
 Tied weights appear once. Non-floating buffers (counters, position ids) are not averaged: they travel as-is.
 """
@@ -16,7 +17,7 @@ from typing import Optional, Sequence
 
 import torch
 
-__all__ = ["Layout", "Entry", "ModelState", "state_from_flat", "weighted_mean", "relative_distance"]
+__all__ = ["Layout", "Entry", "ModelState", "state_from_flat"]
 
 
 @dataclass(frozen=True)
@@ -80,54 +81,6 @@ class ModelState:
             entries.append(Entry(key, shape, dtype, kind))
         self.layout = Layout(tuple(entries))
 
-    @staticmethod
-    def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
-        if not tensors:
-            return torch.zeros(0, dtype=torch.float32)
-        return torch.cat([t.detach().reshape(-1).to(device="cpu", dtype=torch.float32) for t in tensors])
-
-    def flat_params(self) -> torch.Tensor:
-        """A new CPU float32 vector of every floating parameter."""
-        return self._flat(self.params)
-
-    def flat_buffers(self) -> torch.Tensor:
-        return self._flat(self.buffers)
-
-    def flat_params_on(self, device: torch.device) -> torch.Tensor:
-        """Parameters as one float32 vector on ``device`` (for the collective backend)."""
-        if not self.params:
-            return torch.zeros(0, dtype=torch.float32, device=device)
-        return torch.cat([t.detach().reshape(-1).to(device=device, dtype=torch.float32) for t in self.params])
-
-    def flat_buffers_on(self, device: torch.device) -> torch.Tensor:
-        if not self.buffers:
-            return torch.zeros(0, dtype=torch.float32, device=device)
-        return torch.cat(
-            [t.detach().reshape(-1).to(device=device, dtype=torch.float32) for t in self.buffers]
-        )
-
-    @staticmethod
-    @torch.no_grad()
-    def _load(tensors: list[torch.Tensor], flat: torch.Tensor, add: bool = False) -> None:
-        offset = 0
-        for t in tensors:
-            n = t.numel()
-            value = flat[offset : offset + n].view(t.shape).to(device=t.device, dtype=t.dtype)
-            if add:
-                t.add_(value)
-            else:
-                t.copy_(value)
-            offset += n
-
-    def load_params(self, flat: torch.Tensor) -> None:
-        self._load(self.params, flat)
-
-    def add_to_params(self, delta: torch.Tensor) -> None:
-        self._load(self.params, delta, add=True)
-
-    def load_buffers(self, flat: torch.Tensor) -> None:
-        self._load(self.buffers, flat)
-
     # -- in place, against flat float32 vectors laid out [params | buffers] (no full-model temporaries) --------
     @property
     def numel(self) -> int:
@@ -167,9 +120,9 @@ class ModelState:
             offset += n
 
     @torch.no_grad()
-    def write_grads(self, dst: torch.Tensor, weight: float) -> list[bool]:
-        """``weight * grad`` of every parameter (zeros where it has none), then the buffers, into ``dst``;
-        returns which parameters had a gradient."""
+    def write_grads(self, dst: torch.Tensor) -> list[bool]:
+        """The gradient of every parameter (zeros where it has none), then the buffers, into ``dst``; returns
+        which parameters had a gradient."""
         offset, present = 0, []
         for t in self.params:
             n = t.numel()
@@ -179,8 +132,6 @@ class ModelState:
                 present.append(False)
             else:
                 view.copy_(t.grad.detach().reshape(-1))
-                if weight != 1.0:
-                    view.mul_(weight)
                 present.append(True)
             offset += n
         for t in self.buffers:
@@ -219,9 +170,6 @@ class ModelState:
         self.write_flat(out)
         return out
 
-    def state_dict_cpu(self) -> "OrderedDict[str, torch.Tensor]":
-        return state_from_flat(self.layout, self.flat_params(), self.flat_buffers(), self.other_values())
-
 
 def state_from_flat(
     layout: Layout, params: torch.Tensor, buffers: torch.Tensor, others: dict[str, torch.Tensor]
@@ -241,21 +189,3 @@ def state_from_flat(
             offsets[e.kind] = start + n
             out[e.key] = flats[e.kind][start : start + n].view(e.shape).to(getattr(torch, e.dtype)).clone()
     return out
-
-
-def weighted_mean(flats: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
-    """``sum(w_r * x_r) / sum(w_r)``."""
-    total = float(sum(weights))
-    out = torch.zeros_like(flats[0])
-    for x, w in zip(flats, weights, strict=True):
-        out.add_(x, alpha=float(w) / total)
-    return out
-
-
-def relative_distance(x: torch.Tensor, avg: torch.Tensor) -> float:
-    """``||x - avg|| / ||avg||`` (0 when the average is the zero vector and x equals it)."""
-    if avg.numel() == 0:
-        return 0.0
-    den = float(avg.norm())
-    num = float((x - avg).norm())
-    return num / den if den > 0 else (0.0 if num == 0 else float("inf"))

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch
 
 from . import allreduce
-from .board import Board, Row, must_wait, round_ready
+from .board import Board, Plan, Row, must_wait, round_ready
 from .slots import Slots
 from .state import ModelState
 from .step import Recipe, build_replica
@@ -44,7 +44,6 @@ class WorkerSpec:
     speeds: list[float]
     policy: str  # "sync" | "cadence" | "async"
     backend: str  # "nccl" | "cpu"
-    port: int
     timeout_s: float
     startup_timeout_s: float
     threads: int
@@ -178,7 +177,7 @@ class _Worker:
         layout = self.state.layout
         init = None
         if not self.collective and self.rank == 0:
-            init = (self.state.flat_params(), self.state.flat_buffers())
+            init = self.state.flat_state()
         desc = str(self.device) + (
             f" ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda" else ""
         )
@@ -201,8 +200,7 @@ class _Worker:
         payload = msg[1]
         self.slots = msg[2]
         if payload is not None:
-            self.state.load_params(payload[0])
-            self.state.load_buffers(payload[1])
+            self.state.load_flat(payload)
         if self.collective:
             self._init_group()
         torch.manual_seed(self.spec.recipe.seed + 1000 + self.rank)  # per-rank randomness (dropout, ...)
@@ -252,11 +250,11 @@ class _Worker:
             if not self.done and not self.work and self.ended:
                 self.done = True
                 self.publish()
-            if self.try_average():
-                continue
-            plan = self.board.read_plan()
+            plan = self.board.read_plan()  # one read of the board per pass, for both decisions
             rows = self.board.read_rows(only=plan.mask if plan is not None else None)
             rows[self.rank] = Row(self.k, self.batches, self.wall_ms, self.done, self.fired)
+            if self.try_average(plan, rows):
+                continue
             blocked = (must_wait(plan, rows, self.rank, self.sync) or self.reload
                        or (self.sync and self.snap_round is not None))
             if self.work and not blocked:
@@ -288,11 +286,10 @@ class _Worker:
         self.events.put(("batch", self.rank, epoch, b, loss, samples, wall_ms, scalars))
         self.timeline("batch", t0, time.time(), epoch=epoch, batch=b, lr=lr, step=step)
 
-    def try_average(self) -> bool:
-        plan = self.board.read_plan()
+    def try_average(self, plan: Optional[Plan], rows: list[Row]) -> bool:
         if plan is None or not plan.applies_to(self.k) or not plan.mask[self.rank]:
             return False
-        if not round_ready(plan, self.board.read_rows(only=plan.mask), self.k, self.sync):
+        if not round_ready(plan, rows, self.k, self.sync):
             return False
         self.fired = self.k
         self.publish()  # before acting: a rank held back by us may be released by our next batch, never now
@@ -358,7 +355,7 @@ class _Worker:
         start = time.perf_counter()
         slot = self.slots.snap[self.rank]
         if self.sync:
-            self.present = self.state.write_grads(slot, 1.0)
+            self.present = self.state.write_grads(slot)
         else:
             self.state.write_flat(slot)
         self.snap_round = self.k
