@@ -393,7 +393,7 @@ class Coordinator:
             )
         self.global_step += res.batches
         final = res.all_done and self.pool.all_complete() and not (self.sync and res.batches)
-        want_state = bool(self.pending_ckpt or final) and not self.sync
+        want_state = (self._checkpoint_due() or final) and not self.sync
         self.averaging = True
         assert self.averager is not None and self.layout is not None  # noqa: S101
         self.averager.submit(AverageJob(
@@ -438,7 +438,7 @@ class Coordinator:
             else:  # SYNC: the replicas are identical; ask one for the model
                 self._request_state()
             return
-        if self.pending_ckpt and self.sync:
+        if self._checkpoint_due() and self.sync:
             self._request_state()
         if res.all_done:  # everyone idle but work is still out (a silent worker holds it): wait for news
             self.plan_deferred = True
@@ -512,9 +512,19 @@ class Coordinator:
         self._maybe_close_cpu_round()
 
     # -- results ---------------------------------------------------------------------------------------------
-    def _write_checkpoints(self, state: Any) -> None:
-        """Write the checkpoints of every epoch reported since the last average (with that average)."""
+    def _checkpoint_due(self) -> bool:
+        """An epoch other than the last (written with the final state) waits for a checkpoint."""
+        return any(e != int(self.s.num_epochs) - 1 for e in self.pending_ckpt)
+
+    def _write_checkpoints(self, state: Any, final: bool = False) -> None:
+        """Write the checkpoints of every epoch reported since the last average (with that average). The last
+        epoch's waits for the final state: an average that closed while its last batches were reported need
+        not hold them (epochs are pipelined), and the last checkpoint must be the trained model."""
+        last = int(self.s.num_epochs) - 1
+        keep = [e for e in self.pending_ckpt if e == last and not final]
         for epoch in self.pending_ckpt:
+            if epoch in keep:
+                continue
             path = self.s.checkpoint_fn(epoch)
             write_checkpoint(
                 path,
@@ -526,11 +536,11 @@ class Coordinator:
                 el_che=self.anchor.el.state_dict(),
                 lost_ranks=self.lost,
             )
-        self.pending_ckpt = []
+        self.pending_ckpt = keep
 
     def _finish(self, state: Any) -> None:
         self._emit_epochs()
-        self._write_checkpoints(state)
+        self._write_checkpoints(state, final=True)
         self.result = TrainedState(
             state,
             world_size=self.world,
