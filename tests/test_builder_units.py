@@ -276,6 +276,55 @@ def test_cpu_rounds_close_when_every_rank_answered_or_after_the_timeout():
     assert res.left_out == [1] and rounds.current == 2
 
 
+def _coordinator(world: int = 3):
+    """A real Coordinator over a plain-memory board and in-process queues (no worker processes)."""
+    import queue
+
+    from flodl_hf.builder.coordinator import Coordinator
+    from flodl_hf.builder.lifecycle import Workers
+    from flodl_hf.builder.settings import BuilderSettings
+    from flodl_hf.builder.types import ApplyPolicy, AverageBackend
+
+    s = BuilderSettings(toy.tiny_mlp, functools.partial(torch.optim.SGD, lr=0.1), toy.train_fn,
+                        dataset=list(range(40)), batch_size=2, num_epochs=1, policy=ApplyPolicy.ASYNC,
+                        backend=AverageBackend.CPU, progress=False, devices=["cpu"] * world)
+    s.validate()
+    workers = Workers(procs=[None] * world, events=[queue.Queue() for _ in range(world)],
+                      cmds=[queue.Queue() for _ in range(world)], board=Board.create(world), devices=["cpu"] * world, speeds=[1.0] * world,
+                      startup_timeout_s=5.0)
+    return Coordinator(s, workers)
+
+
+@pytest.mark.parametrize("ran_orphans", [True, False])
+def test_a_round_closed_all_done_while_a_rank_ran_a_lost_workers_batches_posts_the_next_plan(ran_orphans):
+    """Regression (chaos seed 103, ~1 run in 65): worker 0 died and was noticed only once the others were
+    done; its batches went to rank 1 after rank 1's round-0 snapshot said "done", and rank 1 ran them while
+    round 0 was being averaged. Applying that all-done round deferred the next plan until "news" (a batch
+    report) that had already arrived, so round 1 never fired and the run hung. Deferring stays right when
+    nobody ran anything since the snapshots (an idle board must not spin empty rounds)."""
+    from flodl_hf.builder.rounds import AverageJob, RoundResult
+
+    co = _coordinator()
+    co._post_plan(0)
+    co.live.discard(0)
+    co.pool.drop(0)
+    items = co.pool.take(1, 3)  # the lost worker's batches, handed to rank 1 after its snapshot
+    res = RoundResult(0, [1, 2], [], {1: _snap(1, 0, 9, done=True), 2: _snap(2, 0, 8, done=True)})
+    co.averaging = True  # round 0 closed; its average is in flight
+    if ran_orphans:
+        for epoch, b in items:
+            co._handle(("batch", 1, epoch, b, 0.5, 2, 3.0, {}))
+    co.averaging = False
+    job = AverageJob(result=res, sync=False, n_weighted=1, global_step=17, final=False, recipients=[1, 2],
+                     want_state=False)
+    co._apply_cpu_round(job, 0.0, None)
+    plan = co.board.read_plan()
+    if ran_orphans:
+        assert not co.plan_deferred and plan.round == 1 and plan.mask == (False, True, True)
+    else:
+        assert co.plan_deferred and plan.round == 0
+
+
 def test_average_into_weights_by_batches_gives_idle_ranks_weight_zero_and_averages_buffers_plainly():
     from flodl_hf.builder.slots import average_into
 
