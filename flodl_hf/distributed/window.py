@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from ..config import DdpConfig
 from ..el_che import ElChe
+from .clock import ComputeClock
 from .collectives import broadcast_tensors
 from .context import DistContext, DistributedError, missing_ranks, side_group
 from .window_grads import WindowGrads
@@ -104,8 +105,9 @@ class WindowRuntime:
         self._lock = threading.RLock()
         self._drawn = 0  # steps drawn from the plan so far (all epochs)
         self._versions: list[tuple[int, list[int]]] = []  # (first draw number, per-rank sizes)
-        self._last_step_end = time.perf_counter()
-        self._last_yield = 0.0
+        # CUDA events time a GPU rank's micro-batches without a synchronise per micro-batch; a simulated slower
+        # device needs each one's time at once (host clock)
+        self.clock = ComputeClock(ctx.device, events=self.speed >= 1.0)
         self._last_sync_ms = 0.0
         self._user_flags = 0
         self.agreed_flags = 0
@@ -178,7 +180,7 @@ class WindowRuntime:
 
     def note_yield(self) -> None:
         """The user's loop received a batch now: time before this was spent waiting for input, not computing."""
-        self._last_yield = time.perf_counter()
+        self.clock.mark()
 
     def _anchor(self) -> int:
         if self.el_che is not None:
@@ -212,16 +214,14 @@ class WindowRuntime:
         did not come from the graph's plan (then it weighs 1 and never forces a window end)."""
         if self._closed:
             raise DistributedError("graph.step() after graph.close(): this rank already told the others it finished")
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
-        elapsed = now - max(self._last_step_end, self._last_yield)
-        if self.speed < 1.0:  # SIMULATION: wait as a slower device would
-            time.sleep(elapsed * (1.0 / self.speed - 1.0))
-            elapsed /= self.speed
+        elapsed = self.clock.stop()  # None with CUDA events: added at the window end
+        if elapsed is not None:
+            if self.speed < 1.0:  # SIMULATION: wait as a slower device would
+                time.sleep(elapsed * (1.0 / self.speed - 1.0))
+                elapsed /= self.speed
+            self._compute_s += max(0.0, elapsed)
         if self._window_anchor is None:
             self._window_anchor = self._anchor()
-        self._compute_s += max(0.0, elapsed)
         self._micro_batches += 1
         samples = planned[0] if planned is not None else None
         items, self._items = self._items, None
@@ -245,10 +245,10 @@ class WindowRuntime:
         self._samples += samples if samples is not None else 1
         force = planned[1] if planned is not None else False
         if self._micro_batches < self._window_anchor and not force:
-            self._last_step_end = time.perf_counter()
+            self.clock.mark()
             return False
         self._close_window(graph)
-        self._last_step_end = time.perf_counter()
+        self.clock.mark()
         return True
 
     # --- window end ---------------------------------------------------------------------------------------
@@ -324,6 +324,7 @@ class WindowRuntime:
     def _close_window(self, graph: Any) -> None:
         # The lock keeps a prefetch thread from drawing between the frontier exchange and the new plan's install.
         with self._lock:
+            self._compute_s += self.clock.pending_seconds()
             t0 = time.perf_counter()
             m, presence, trainable = self._exchange(_STEP)
             self._check(m, _STEP)
