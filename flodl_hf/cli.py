@@ -62,6 +62,19 @@ def _trained_settings(model: Path) -> dict:
 
 # --- argument types -------------------------------------------------------------------------------------------
 
+def _cap(text: str) -> Any:
+    """``--max-micro-batch``: an integer >= 1, or ``auto``."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (nor 'auto')") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is too small: use an integer >= 1, or auto")
+    return value
+
+
 def _int_at_least(minimum: int) -> Any:
     def parse(text: str) -> int:
         try:
@@ -219,9 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     multi.add_argument("--fixed-anchor", type=_int_at_least(1), default=None, metavar="A",
                        help="average exactly A micro-steps per optimizer step (a constant effective batch of "
                             "A x devices x batch size); default: El Che adapts A")
-    multi.add_argument("--max-micro-batch", type=_int_at_least(1), default=None, metavar="N",
+    multi.add_argument("--max-micro-batch", type=_cap, default=None, metavar="N|auto",
                        help="memory cap: no device gets a micro-batch of more than N samples; El Che gives the "
-                            "rest to the others")
+                            "rest to the others. auto: each device probes the largest micro-batch it can train")
 
     predict = sub.add_parser("predict", help="classify texts with a trained model directory")
     predict.add_argument("--model", required=True, help="trained model directory")

@@ -99,6 +99,7 @@ class WindowRuntime:
         self.float_buffers = [b for b in module.buffers() if b.is_floating_point()]
         self.el_che: Optional[ElChe] = None
         self.batch_size: Optional[int] = None
+        self.probed_caps: Optional[list[int]] = None  # DdpConfig(max_micro_batch="auto"), once probed
         self.speed = 1.0 if config.simulate_speeds is None else float(config.simulate_speeds[self.rank])
         self.window_index = 0
         self._closed = False
@@ -125,6 +126,25 @@ class WindowRuntime:
             dist.all_reduce(flags)
         return [f > 0.5 for f in flags.tolist()]
 
+    def gather_caps(self, own: int, error: Optional[BaseException] = None) -> list[int]:
+        """Every rank's probed micro-batch cap (a one-off all-reduce at setup). A rank whose probe failed takes
+        part with -1, so the others fail with its name instead of waiting for it."""
+        caps = torch.zeros(self.world, dtype=torch.float64)
+        caps[self.rank] = -1.0 if error is not None else float(own)
+        if self.side is not None:
+            dist.all_reduce(caps, group=self.side)
+        else:
+            dist.all_reduce(caps)
+        got = [int(c) for c in caps.tolist()]
+        if error is not None:
+            raise error
+        failed = [q for q, c in enumerate(got) if c < 0]
+        if failed:
+            raise DistributedError(f"rank(s) {failed} failed in the memory probe (see their error); rank "
+                                   f"{self.rank} stops too")
+        self.probed_caps = got
+        return got
+
     # --- plan -----------------------------------------------------------------------------------------------
     def set_batch_size(self, batch_size: int) -> None:
         """(Re)build the El Che scheduler for a per-rank batch size; called by ``graph.set_data_loader``."""
@@ -137,7 +157,8 @@ class WindowRuntime:
         if cfg.batch_sizes is not None and sum(cfg.batch_sizes) != self.world * batch_size:
             raise ValueError(f"DdpConfig.batch_sizes={list(cfg.batch_sizes)} sums to {sum(cfg.batch_sizes)}, but "
                              f"{self.world} ranks x batch_size {batch_size} = {self.world * batch_size}: make them agree")
-        el_che = ElChe(self.world, mode="setup", batch_size=batch_size, **cfg.el_che_kwargs(self.world, batch_size))
+        el_che = ElChe(self.world, mode="setup", batch_size=batch_size,
+                       **cfg.el_che_kwargs(self.world, batch_size, probed=self.probed_caps))
         if cfg.speed_hint is not None:
             slow, ratio = cfg.speed_hint
             if slow >= self.world:
