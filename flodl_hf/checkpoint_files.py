@@ -12,7 +12,8 @@ training directory, a downloaded run) can run arbitrary code. Here nothing is ev
   RNG states. The manifest names the slot in use.
 
 A write fills the slot the current manifest does *not* name (temporary file, fsync, rename), then replaces the
-manifest (temporary file, fsync, rename), then deletes the old slot. A reader, or a process killed at any instant,
+manifest (temporary file, fsync, rename), then deletes the old slot; it first removes the temporary files a killed
+write left (flodl-hf's own temporary names only). A reader, or a process killed at any instant,
 therefore finds the old manifest with its complete slot or the new manifest with its complete slot: the rename of
 the manifest is the commit. A failed write (full disk, read-only directory) raises
 :class:`~flodl_hf.checkpoint_errors.CheckpointWriteError` naming the file, removes what it had written, and leaves
@@ -33,6 +34,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import signal
 import struct
 import time
@@ -40,7 +42,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from .atomic import atomic_path
+from .atomic import atomic_path, default_file_mode
+from .ownership import remove_stale_temporaries
 from .checkpoint_errors import CheckpointError, CheckpointWriteError, ResumeError
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "STAGES", "FAULT_ENV", "LEGACY_FIX", "slot_names", "write_state",
@@ -151,6 +154,8 @@ def _ours(path: Path) -> bool:
         return True
     if path.is_symlink() or not path.is_file():
         return False
+    if not os.access(path, os.R_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
     if path.suffix == ".safetensors":
         return (_safetensors_metadata(path) or {}).get("format") == FORMAT_NAME
     try:
@@ -178,6 +183,20 @@ def _write_error(exc: OSError, target: Path) -> CheckpointWriteError:
                                 "write checkpoints to another directory (flodl-hf train: --checkpoint-dir)")
 
 
+def _save_tensors(save_file: Any, tensors: dict, tmp: Path) -> None:
+    """``safetensors.torch.save_file``, its I/O failures turned back into the OSError they were (safetensors' Rust
+    writer reports a full disk as ``SafetensorError: ... I/O error: ... (os error 28)``)."""
+    try:
+        save_file(tensors, str(tmp), metadata={"format": FORMAT_NAME})
+    except OSError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - SafetensorError is not importable under one name everywhere
+        code = re.search(r"os error (\d+)", str(exc))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(tmp)) from exc
+
+
 def write_state(manifest: PathLike, state: Any, kind: str) -> Path:
     """Write ``state`` (a nested dict of tensors and plain values) as the checkpoint ``manifest`` names, atomically
     (see the module docstring); returns the manifest path. The caller holds the directory's lock."""
@@ -190,16 +209,19 @@ def write_state(manifest: PathLike, state: Any, kind: str) -> Path:
     slots = slot_names(target)
     new = slots[1] if _current_slot(target) == slots[0] else slots[0]
     new_path, old_path = target.parent / new, target.parent / (slots[0] if new == slots[1] else slots[1])
-    for path in (target, new_path, old_path):
-        if not _ours(path):
-            raise CheckpointError(f"{path} exists and was not written by flodl-hf, which never replaces other "
-                                  "files: move it away, or write checkpoints to another directory")
     slot_in_place = False
     try:
+        for path in (target, new_path, old_path):
+            if not _ours(path):
+                raise CheckpointError(f"{path} exists and was not written by flodl-hf, which never replaces other "
+                                      "files: move it away, or write checkpoints to another directory")
         target.parent.mkdir(parents=True, exist_ok=True)
+        # what a killed write left (only flodl-hf's temporary names; safe: the caller holds the lock)
+        remove_stale_temporaries(target.parent, [target.name, *slots])
         with atomic_path(new_path) as tmp:
             _fault("tensors-open", tmp)
-            save_file(tensors, str(tmp), metadata={"format": FORMAT_NAME})
+            _save_tensors(save_file, tensors, tmp)
+            os.chmod(tmp, default_file_mode())  # after: safetensors re-creates the file (0600)
             size, digest = _sha256(tmp)
             _fault("tensors-written", tmp)
         slot_in_place = True
@@ -213,6 +235,7 @@ def write_state(manifest: PathLike, state: Any, kind: str) -> Path:
         record["sha256"] = hashlib.sha256(_canonical(record)).hexdigest()
         text = json.dumps(record, indent=1, sort_keys=True, allow_nan=True) + "\n"
         with atomic_path(target) as tmp:
+            os.chmod(tmp, default_file_mode())
             tmp.write_text(text, encoding="utf-8")
             _fault("manifest-written", tmp)
         slot_in_place = False  # the manifest names it now: it is the checkpoint

@@ -39,6 +39,10 @@ _NUMPY_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "
                  "float32", "float64")
 
 
+def _join(path: str, key: Any) -> str:
+    return f"{path}/{key}" if path else str(key)
+
+
 class _Encoder:
     def __init__(self) -> None:
         import torch  # here, not at import: decode (reading a manifest's job plan) needs no torch
@@ -48,7 +52,6 @@ class _Encoder:
         self._storages: set[tuple[int, str]] = set()
 
     def _key(self, path: str) -> str:
-        path = path.lstrip("/")
         key, n = path or "tensor", 1
         while key in self.tensors:
             n += 1
@@ -90,13 +93,13 @@ class _Encoder:
             wide = value.astype("int64") if dtype in ("uint16", "uint32") else value
             return {NDARRAY: self._store(self.torch.from_numpy(wide.copy()), path), "dtype": dtype}
         if isinstance(value, tuple):
-            return {TUPLE: [self.encode(v, f"{path}/{i}", depth + 1) for i, v in enumerate(value)]}
+            return {TUPLE: [self.encode(v, _join(path, i), depth + 1) for i, v in enumerate(value)]}
         if isinstance(value, list):
-            return [self.encode(v, f"{path}/{i}", depth + 1) for i, v in enumerate(value)]
+            return [self.encode(v, _join(path, i), depth + 1) for i, v in enumerate(value)]
         if isinstance(value, dict):
             if all(type(k) is str for k in value) and not any(k in _TAGS for k in value):
-                return {k: self.encode(v, f"{path}/{k}", depth + 1) for k, v in value.items()}
-            return {DICT: [[self.encode(k, f"{path}/<key>", depth + 1), self.encode(v, f"{path}/{k}", depth + 1)]
+                return {k: self.encode(v, _join(path, k), depth + 1) for k, v in value.items()}
+            return {DICT: [[self.encode(k, _join(path, "<key>"), depth + 1), self.encode(v, _join(path, k), depth + 1)]
                            for k, v in value.items()]}
         raise CheckpointError(f"cannot store a value of type {type(value).__name__} at {path!r} in a checkpoint "
                               "(only tensors, NumPy arrays, numbers, strings, None, lists, tuples and dicts): convert "

@@ -52,7 +52,7 @@ def _load_restricted(path: Path) -> dict:
         wanted = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
     except Exception as exc:  # noqa: BLE001 - not a torch.save file at all
         raise ResumeError(f"{path} is not a legacy flodl-hf checkpoint ({type(exc).__name__}: {str(exc)[:200]}): "
-                          "nothing to convert") from exc
+                          "refused, nothing converted") from exc
     foreign = sorted(set(wanted) - set(ALLOWED_GLOBALS))
     if foreign:
         raise ResumeError(f"{path} asks to import {', '.join(foreign[:5])}, which no flodl-hf checkpoint needs: "

@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional, Union
 
-from .checkpoint_errors import CheckpointLockedError
+from .checkpoint_errors import CheckpointLockedError, CheckpointWriteError
 
 try:
     import fcntl
@@ -130,9 +130,14 @@ def _busy(target: Path, path: Path, what: str, fix: str) -> CheckpointLockedErro
 
 def _take(target: Path, what: str, fix: str) -> Optional[int]:
     path = lock_path(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(50):
-        fd = _create(path, what)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = _create(path, what)
+        except OSError as exc:
+            raise CheckpointWriteError(f"cannot create the lock file {path} of {what} {target} "
+                                       f"({(exc.strerror or str(exc)).lower()}): make {path.parent} writable, or "
+                                       f"{fix}") from exc
         if fd is not None:
             return fd
         try:
