@@ -152,6 +152,7 @@ def test_a_read_only_checkpoint_directory_keeps_the_previous_checkpoint(tmp_path
             shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_concurrent_writers_the_second_is_refused_naming_the_first_and_a_dead_holder_frees_it(tmp_path):
     ckpt = tmp_path / "ckpt"
     first = _writer(tmp_path, ckpt, 1, "hold", stdin=subprocess.PIPE)

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .. import ownership
-
 from ..checkpoint_errors import ResumeError
 from ..checkpoint_files import read_manifest, refuse_legacy, slot_names
 
@@ -38,7 +37,8 @@ CHECKPOINT_FILES = (CHECKPOINT_FILE, *slot_names(CHECKPOINT_FILE))
 #: The pickle checkpoint of earlier flodl-hf versions (refused; ``flodl-hf convert-checkpoint`` converts it).
 LEGACY_FILE = "checkpoint.pt"
 
-__all__ = ["CHECKPOINT_FILE", "CHECKPOINT_FILES", "LEGACY_FILE", "checkpoint_dir_for", "check_fresh_checkpoint_dir", "job_plan", "read_job_state", "check_plan",
+__all__ = ["CHECKPOINT_FILE", "CHECKPOINT_FILES", "LEGACY_FILE", "checkpoint_dir_for", "check_fresh_checkpoint_dir",
+           "job_plan", "read_job_state", "check_plan",
            "prepare_checkpoints", "resume", "remove_job_checkpoint", "PLAN_FLAGS", "RUNS_DIR"]
 
 RUNS_DIR = "runs"
