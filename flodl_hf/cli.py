@@ -1,4 +1,5 @@
-"""The ``flodl-hf`` command: ``train``, ``predict``, ``eval``, ``export``, ``verify`` and ``bench``.
+"""The ``flodl-hf`` command: ``train``, ``predict``, ``eval``, ``export``, ``verify``, ``convert-checkpoint`` and
+``bench``.
 
 It exists as the composition root that joins the engine (``flodl_hf``) and the task heads (``heads``): the only
 module of ``flodl_hf`` allowed to import ``heads``. Each subcommand parses its arguments into the engine's own
@@ -274,6 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("model", metavar="DIR", help="model directory")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
 
+    convert = sub.add_parser("convert-checkpoint", help="convert a legacy pickle checkpoint you trust to the safe "
+                                                        "format (checkpoint.json + safetensors)")
+    convert.add_argument("path", metavar="PATH", help="a checkpoint directory holding checkpoint.pt, or a builder .pt")
+    convert.add_argument("--trust-pickle", action="store_true",
+                         help="required: you trust the file (opening a pickle can run code)")
+
     sub.add_parser("bench", add_help=False,
                    help="compare El Che with DDP, Accelerate and builder mode (`flodl-hf bench --help`)")
     return parser
@@ -449,6 +456,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return _verify(str(out))
 
 
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from .convert import convert_legacy
+
+    print(f"{PROG}: converted {args.path} to {convert_legacy(args.path, args.trust_pickle)}")
+    return 0
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     from .preflight import check_model_dir
 
@@ -457,10 +471,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 #: The options that choose where each command writes (named by filesystem errors).
-_WRITE_OPTIONS = {"train": "--output-dir or --checkpoint-dir", "eval": "--json FILE", "export": "--output"}
+_WRITE_OPTIONS = {"train": "--output-dir or --checkpoint-dir", "eval": "--json FILE", "export": "--output",
+                  "convert-checkpoint": "checkpoint directory"}
 
 _COMMANDS = {"train": _cmd_train, "predict": _cmd_predict, "eval": _cmd_eval, "export": _cmd_export,
-             "verify": _cmd_verify}
+             "verify": _cmd_verify, "convert-checkpoint": _cmd_convert}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
