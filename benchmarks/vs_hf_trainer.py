@@ -101,6 +101,11 @@ def run_flodl(data: dict, args: argparse.Namespace, out: Path) -> dict:
         "--output-dir",
         str(out),
         "--overwrite",
+        "--devices",
+        args.device,
+        "--precision",
+        args.precision,
+        "--no-progress",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -127,6 +132,8 @@ def run_trainer(data: dict, args: argparse.Namespace, out: Path) -> dict:
                 "max_length": args.max_length,
                 "lr": args.lr,
                 "seed": args.seed,
+                "device": args.device,
+                "precision": args.precision,
             }
         ),
     ]
@@ -183,7 +190,9 @@ def trainer_child(spec: dict) -> None:
         eval_strategy="no",
         logging_strategy="no",
         report_to=[],
-        use_cpu=True,
+        use_cpu=spec["device"] == "cpu",
+        bf16=spec["precision"] == "bf16",
+        fp16=spec["precision"] == "fp16",
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
@@ -214,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-length", type=int, default=64)
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu or cuda:0 (one device; the Trainer gets the same)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--output", default=None, help="directory for table.md and results.json")
     p.add_argument("--child-trainer", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -259,7 +270,7 @@ def _table(rounds: list[dict], args: argparse.Namespace) -> str:
 
     lines = [
         f"{args.train_rows} training rows, {args.eval_rows} held out, batch {args.batch_size}, max length "
-        f"{args.max_length}, 1 epoch; median of {len(rounds)} alternating rounds",
+        f"{args.max_length}, 1 epoch, {args.device} {args.precision}; median of {len(rounds)} alternating rounds",
         "",
         "| job | s/step | held-out accuracy | tokenisation before training (s) |",
         "|---|---|---|---|",

@@ -90,11 +90,13 @@ def _outputs_loss(out: Any) -> torch.Tensor:
 
 def probe_micro_batch(module: torch.nn.Module, device: torch.device, dataset: Sequence[Any],
                       collate: Optional[Callable[[list], Any]], low: int, high: int,
-                      autocast: Optional[Callable[[], Any]] = None) -> int:
+                      autocast: Optional[Callable[[], Any]] = None,
+                      on_try: Optional[Callable[[int, bool], None]] = None) -> int:
     """The largest micro-batch in ``[low, high]`` samples this rank can train (0: not even ``low``).
 
     The collated batch must be ``(enc, labels)`` with ``enc`` a mapping of model inputs (what task heads'
-    ``collate`` returns) or a mapping itself; anything else is refused with the fix."""
+    ``collate`` returns) or a mapping itself; anything else is refused with the fix. ``on_try(n, fits)`` hears of
+    every try (for logs and benchmarks)."""
     import contextlib
 
     def fits(n: int) -> bool:
@@ -126,7 +128,13 @@ def probe_micro_batch(module: torch.nn.Module, device: torch.device, dataset: Se
     was_training = module.training
     module.train()
     try:
-        return largest_fitting(fits, low, high)
+        def tried(n: int) -> bool:
+            ok = fits(n)
+            if on_try is not None:
+                on_try(n, ok)
+            return ok
+
+        return largest_fitting(tried, low, high)
     finally:
         module.train(was_training)
         with torch.no_grad():
