@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, runtim
 import torch
 
 from .config import DdpConfig
-from .partition import epoch_permutation, rank_slice, steps_per_epoch
+from .partition import LENGTH_GROUP, epoch_permutation, length_grouped, rank_slice, steps_per_epoch
 
 __all__ = ["Graph", "HasGraph", "EpochPlan", "LOSS_REDUCTIONS"]
 
@@ -63,6 +63,7 @@ class Graph:
         self._dataset: Any = None
         self._batch_size: int = 0
         self._collate: Optional[Callable[[list], Any]] = None
+        self._lengths: Optional[list[int]] = None  # per-sample lengths: batches grouped by length
         self._seed: int = 0
         self._epoch_index: Optional[int] = None  # epoch being iterated by graph.epoch()
         self._done_in_epoch: int = 0  # micro-batches of that epoch finished by step()
@@ -228,11 +229,14 @@ class Graph:
 
     # --- data ---------------------------------------------------------------------------------------------
     def set_data_loader(self, dataset: Sequence[Any], batch_size: int,
-                        collate_fn: Optional[Callable[[list], Any]] = None, seed: Optional[int] = None) -> None:
+                        collate_fn: Optional[Callable[[list], Any]] = None, seed: Optional[int] = None,
+                        lengths: Optional[Sequence[int]] = None) -> None:
         """Plan epochs over ``dataset`` (anything with ``len`` and ``[i]``).
 
         ``batch_size`` is per rank (the global batch is ``world_size * batch_size``; El Che may give faster ranks
         more of it). Each epoch is a permutation seeded by ``seed + epoch`` that is identical on every rank.
+        ``lengths`` (one number per sample, e.g. text lengths): group batches by length (``partition.length_grouped``
+        over runs of 50 batches), so little compute goes to padding; the same on every rank.
         """
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} is invalid: use an integer >= 1 (samples per rank per step)")
@@ -243,6 +247,12 @@ class Graph:
                             "dataset (a list, a torch Dataset, a datasets.Dataset)") from exc
         if n == 0:
             raise ValueError("dataset is empty: give at least one sample to set_data_loader")
+        if lengths is not None:
+            lengths = list(lengths)
+            if len(lengths) != n or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in lengths):
+                raise ValueError(f"lengths must hold one integer >= 0 per sample ({n}); got {len(lengths)} values: "
+                                 "pass e.g. [len(text) for text in texts], or None for no length grouping")
+        self._lengths = lengths
         if self._runtime is None and self.config.max_micro_batch is not None:
             self.config.el_che_kwargs(self.world_size, batch_size)  # one device: refuses a cap below batch_size
         self._dataset = dataset
@@ -382,6 +392,8 @@ class Graph:
             return  # finished before the checkpoint
         self._resume = None
         perm = epoch_permutation(total, self._seed + n)
+        if self._lengths is not None:
+            perm = length_grouped(perm, self._lengths, LENGTH_GROUP * self._batch_size)
         runtime = self._runtime
         partial_last = total % global_batch != 0 and not self.config.drop_last
         if not self._pending:

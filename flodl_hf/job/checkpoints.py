@@ -50,7 +50,7 @@ PLAN_FLAGS = {
     "max_length": "--max-length", "batch_size": "--batch-size", "world_size": "--devices (number of devices)",
     "epochs": "--epochs", "warmup_ratio": "--warmup-ratio", "precision": "--precision",
     "split": "--split", "eval_data": "--eval-data", "eval_split": "--eval-split", "problem_type": "--problem-type",
-    "text_pair_column": "--text-pair-column",
+    "text_pair_column": "--text-pair-column", "group_by_length": "--no-group-by-length (length grouping)",
 }
 
 
@@ -86,7 +86,7 @@ def job_plan(settings: Any, sources: Any, labels: list, world_size: Optional[int
         "split": settings.split, "eval_split": settings.eval_split,
         "eval_data": str(Path(settings.eval_data).resolve()) if settings.eval_data else None,
         "problem_type": None if settings.problem_type == "single_label" else settings.problem_type,
-        "text_pair_column": settings.text_pair_column,
+        "text_pair_column": settings.text_pair_column, "group_by_length": bool(settings.group_by_length),
     }
 
 
@@ -126,6 +126,8 @@ def check_plan(saved: dict, current: dict, directory: Any) -> None:
         was, now = saved.get(key), current.get(key)
         if key == "world_size" and (now is None or was is None):
             continue
+        if key == "group_by_length" and was is None:
+            was = False  # written before length grouping existed: its batches were plain shuffled
         if was != now:
             raise ResumeError(f"cannot resume from {directory}: it was written with {flag} {_shown(was)} but this "
                               f"run has {_shown(now)}; resume with the same settings, or start afresh without "

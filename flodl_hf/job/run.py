@@ -189,7 +189,11 @@ def _run(settings: TrainSettings, head_cls: Any, sources: "_Sources", started: f
     graph = head.graph()
     main = graph.is_main
     say = log if main else (lambda _line: None)
-    graph.set_data_loader(train_ds, batch_size=settings.batch_size, collate_fn=head.collate)
+    lengths = None
+    if settings.group_by_length:  # characters stand in for tokens: no tokenising pass over the data
+        pairs = train_ds.text_pairs or [""] * len(train_ds.texts)
+        lengths = [len(t) + len(p) for t, p in zip(train_ds.texts, pairs)]
+    graph.set_data_loader(train_ds, batch_size=settings.batch_size, collate_fn=head.collate, lengths=lengths)
     steps = graph.steps_per_epoch()
     if steps == 0:
         raise ValueError(f"{len(train_ds)} training rows are fewer than one global batch of "

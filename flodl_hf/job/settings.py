@@ -86,6 +86,9 @@ class TrainSettings:
     """None: constant LR. A value in [0, 1): linear warmup over that fraction of the steps, then linear decay."""
     progress: bool = True
     """Progress bars (rank 0 only)."""
+    group_by_length: bool = True
+    """Batches of similar text length (``Graph.set_data_loader(lengths=...)``, by characters): little compute goes
+    to padding. False: plain shuffled batches (``--no-group-by-length``)."""
     eval_batch_size: int = 64
     checkpoint_every: Optional[int] = None
     """Write a checkpoint every N optimizer steps (None: only on Ctrl-C)."""
