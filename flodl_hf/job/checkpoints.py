@@ -141,7 +141,8 @@ def resume(graph: Any, settings: Any, saved: dict, plan: dict, schedule: Any, sa
     check_plan(saved["plan"], plan, settings.resume)
     state = LoopState.from_extra(graph.load_checkpoint(settings.resume))
     before = int(saved["plan"].get("world_size") or 1)
-    record: dict = {"step": int(graph.training_step), "checkpoint_dir": str(settings.resume),
+    record: dict = {"step": int(graph.training_step), "micro_batch": len(state.losses),
+                    "checkpoint_dir": str(settings.resume),
                     "world_size_before": before, "world_size_after": int(graph.world_size)}
     if saved["plan"].get("devices") is not None:
         record["devices_before"] = list(saved["plan"]["devices"])
@@ -159,9 +160,9 @@ def resume(graph: Any, settings: Any, saved: dict, plan: dict, schedule: Any, sa
         record.update(lr=settings.lr, previous_lr=old_lr)
     state.resumes.append(record)
     at = graph.epoch_position()
-    devices = "" if before == graph.world_size else (f"; {before} -> {graph.world_size} device(s): the epoch "
-                                                     f"continues at sample {at.samples} of {at.end}, El Che "
-                                                     "recalibrates")
+    devices = "" if before == graph.world_size else (f"; {before} -> {graph.world_size} device(s): epoch "
+                                                     f"{at.epoch + 1} continues at sample {at.samples} of "
+                                                     f"{at.end}, El Che recalibrates")
     say(f"flodl-hf: resuming from step {graph.training_step} (epoch {at.epoch + 1}, {at.steps} steps into it) of "
         f"{settings.resume}" + (f"; lr {old_lr:g} -> {settings.lr:g}" if "lr" in record else "") + devices)
     return state
