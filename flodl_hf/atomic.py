@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Union
 
-__all__ = ["atomic_path", "atomic_dir", "fsync_dir", "normalise_modes"]
+__all__ = ["atomic_path", "atomic_dir", "fsync_dir", "normalise_modes", "default_file_mode"]
 
 PathLike = Union[str, Path]
 
@@ -63,6 +63,11 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def default_file_mode() -> int:
+    """The mode the umask gives a new file (``mkstemp`` makes 0600, which would hide a checkpoint from the group)."""
+    return 0o666 & ~_umask()
 
 
 def normalise_modes(directory: PathLike) -> None:

@@ -1,11 +1,19 @@
 """Checkpoint and resume for a Graph: everything needed to continue a run as if it had never stopped.
 
-A checkpoint is one file, ``<dir>/checkpoint.pt``, written atomically by rank 0 (replicas are identical): the
-module's weights, the optimizer and LR-scheduler states, the El Che state, every rank's RNG states (torch, CUDA,
-Python, NumPy), the epoch position (epoch, micro-batches done in it, and samples of the epoch's permutation
-consumed: ``epoch_position``), the optimizer step count and the data plan (batch size, world size, seed). Resuming
-restores all of it; ``graph.epoch(n)`` then skips what was done, so the user's loop runs unchanged and, on CPU,
-reproduces the uninterrupted run's losses exactly.
+A checkpoint is written by rank 0 (replicas are identical) into a directory, in the safe format of
+``flodl_hf.checkpoint_files``: ``checkpoint.json`` (positions, settings, optimizer and scheduler non-tensor state,
+El Che state, Python and NumPy RNG states, the job's ``extra``; format version and SHA-256 checksums) and
+``checkpoint.0.safetensors`` or ``checkpoint.1.safetensors`` (the module's weights, the optimizer's tensors, every
+rank's torch / CUDA RNG states). It holds the module's weights, the optimizer and LR-scheduler states, the El Che
+state, every rank's RNG states (torch, CUDA, Python, NumPy), the epoch position (epoch, micro-batches done in it,
+and samples of the epoch's permutation consumed: ``epoch_position``), the optimizer step count and the data plan
+(batch size, world size, seed). Resuming restores all of it; ``graph.epoch(n)`` then skips what was done, so the user's loop runs unchanged and, on CPU, reproduces the
+uninterrupted run's losses exactly. Loading never unpickles: a legacy ``checkpoint.pt`` (a pickle) is refused with
+the command that converts it (``flodl-hf convert-checkpoint --trust-pickle DIR``).
+
+The first save into a directory locks it for the rest of the process (``flodl_hf.dirlock``): another process that
+saves there is refused with a line naming this one. A failed write (full disk, read-only directory) raises
+``CheckpointWriteError`` and leaves the previous checkpoint loadable.
 
 A checkpoint written on N ranks resumes on any number M of ranks (elastic resume): the epoch continues at the same
 sample, rank 0's weights and optimizer state apply to every rank, El Che recalibrates, and ranks beyond the old
@@ -23,21 +31,25 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 
-from .atomic import atomic_path
-from .position import EpochPosition
+from . import dirlock
+from .checkpoint_errors import ResumeError
+from .checkpoint_files import read_state, refuse_legacy, write_state
 from .elastic import derived_seed, restore_el_che, saved_position, seed_everything
+from .position import EpochPosition
 
 if TYPE_CHECKING:
     from .graph import Graph
 
-__all__ = ["CHECKPOINT_FILE", "ResumeError", "save_checkpoint", "load_checkpoint", "find_checkpoint"]
+__all__ = ["CHECKPOINT_FILE", "LEGACY_FILE", "ResumeError", "save_checkpoint", "load_checkpoint",
+           "find_checkpoint"]
 
-CHECKPOINT_FILE = "checkpoint.pt"
-FORMAT = 1
-
-
-class ResumeError(ValueError):
-    """A checkpoint is missing, unreadable, or does not fit the run that tries to resume from it."""
+#: The manifest of a directory's checkpoint (its tensors are in ``checkpoint.{0,1}.safetensors`` beside it).
+CHECKPOINT_FILE = "checkpoint.json"
+#: The pickle file of flodl-hf's first checkpoint format: refused, or converted by ``convert-checkpoint``.
+LEGACY_FILE = "checkpoint.pt"
+#: Version of the state layout inside the manifest (``"format"`` of the state dict).
+FORMAT = 2
+KIND = "setup"
 
 
 def _rng_state() -> dict:
@@ -76,14 +88,15 @@ def _gather_rng(graph: "Graph") -> list[dict]:
 
 
 def find_checkpoint(directory: Union[str, Path]) -> Optional[Path]:
-    """The checkpoint file in ``directory`` if there is one."""
+    """The checkpoint manifest in ``directory`` if there is one."""
     path = Path(directory) / CHECKPOINT_FILE
     return path if path.is_file() else None
 
 
 def save_checkpoint(graph: "Graph", directory: Union[str, Path], extra: Optional[dict] = None) -> Optional[Path]:
-    """Write ``<directory>/checkpoint.pt`` atomically (rank 0 writes; every rank must call it). Returns the path
-    on rank 0, None elsewhere."""
+    """Write the checkpoint in ``directory`` atomically (rank 0 writes; every rank must call it). Returns the
+    manifest path (``<directory>/checkpoint.json``) on rank 0, None elsewhere. CheckpointLockedError when another
+    process writes ``directory``; CheckpointWriteError (previous checkpoint intact) when the write fails."""
     runtime = graph._runtime
     if runtime is not None and runtime.pending_micro_batches() > 0:
         raise ResumeError("save_checkpoint in the middle of an El Che window: call it right after a "
@@ -105,25 +118,24 @@ def save_checkpoint(graph: "Graph", directory: Union[str, Path], extra: Optional
         "plan": {"world_size": graph.world_size, "batch_size": graph._batch_size, "seed": graph._seed},
         "extra": extra or {},
     }
-    target = Path(directory) / CHECKPOINT_FILE
-    with atomic_path(target) as tmp:
-        torch.save(state, tmp)
-    return target
+    dirlock.hold(directory, "checkpoint directory", "save to another checkpoint directory")
+    return write_state(Path(directory) / CHECKPOINT_FILE, state, KIND)
 
 
 def _load_file(path: Path) -> dict:
     if path.is_dir():
         path = path / CHECKPOINT_FILE
     if not path.is_file():
+        legacy = path.parent / LEGACY_FILE
+        if path.name == CHECKPOINT_FILE and legacy.is_file():
+            raise refuse_legacy(legacy)
         raise ResumeError(f"no checkpoint at {path}: pass a directory written by graph.save_checkpoint "
                               "(or `flodl-hf train --resume DIR` with such a directory)")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:
-        raise ResumeError(f"checkpoint {path} is unreadable ({type(exc).__name__}: {exc}); it may be from "
-                              "another program or damaged") from exc
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ResumeError(f"{path} is not a flodl-hf checkpoint (format {FORMAT} expected)")
+    if path.suffix == ".pt":
+        raise refuse_legacy(path)
+    state = read_state(path, KIND)
+    if state.get("format") != FORMAT:
+        raise ResumeError(f"{path} is not a flodl-hf setup-mode checkpoint (state format {FORMAT} expected)")
     return state
 
 

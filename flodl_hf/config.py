@@ -87,10 +87,11 @@ class DdpConfig:
     ``fixed_anchor x world_size x batch_size`` samples (a constant effective batch); El Che still balances the
     split between ranks. None: the anchor adapts within [1, max_anchor]."""
 
-    max_micro_batch: Optional[int | Sequence[int]] = None
+    max_micro_batch: Optional[int | Sequence[int] | str] = None
     """Memory cap: the most samples one rank's micro-batch may hold (one int for every rank, or one per rank).
     El Che never gives a rank more and spreads the rest over the others; a cap that cannot hold the global batch
-    is refused at setup. None: no cap."""
+    is refused at setup. ``"auto"``: every rank probes the largest micro-batch it can train when the data is set
+    (``flodl_hf.memory_probe``; out of memory means ``torch.OutOfMemoryError``). None: no cap."""
 
     max_grad_norm: Optional[float] = None
     """Clip the *reduced* gradient to this norm before each optimizer step (None: no clipping)."""
@@ -140,11 +141,11 @@ class DdpConfig:
                                               or isinstance(self.fixed_anchor, bool) or self.fixed_anchor < 1):
             raise _bad("fixed_anchor", self.fixed_anchor, "use an integer >= 1 (micro-batches per optimizer step), "
                        "or None to let El Che adapt it")
-        if self.max_micro_batch is not None:
+        if self.max_micro_batch is not None and self.max_micro_batch != "auto":
             caps = [self.max_micro_batch] if isinstance(self.max_micro_batch, int) else list(self.max_micro_batch)
             if not caps or any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in caps):
                 raise _bad("max_micro_batch", self.max_micro_batch,
-                           "use an integer >= 1 (samples per micro-batch), or one such integer per rank")
+                           "use an integer >= 1 (samples per micro-batch), one such integer per rank, or 'auto'")
             if not isinstance(self.max_micro_batch, int):
                 self.max_micro_batch = caps
         if self.max_anchor is not None and self.max_anchor < 0:
@@ -180,9 +181,9 @@ class DdpConfig:
         if not float(self.bucket_mb) > 0:
             raise _bad("bucket_mb", self.bucket_mb, "use a positive bucket size in MiB, e.g. 64")
 
-    def el_che_kwargs(self, world: int, batch_size: int) -> dict:
+    def el_che_kwargs(self, world: int, batch_size: int, probed: Optional[Sequence[int]] = None) -> dict:
         """The El Che settings of this config for ``world`` ranks of ``batch_size`` (checked here, where the
-        message can name the DdpConfig field)."""
+        message can name the DdpConfig field). ``probed``: the caps ``max_micro_batch="auto"`` found."""
         kwargs: dict = {"anchor": self.anchor, "max_anchor": self.max_anchor, "overhead_target": self.overhead_target,
                         "batch_sizes": list(self.batch_sizes) if self.batch_sizes is not None else None}
         if self.fixed_anchor is not None:
@@ -190,7 +191,7 @@ class DdpConfig:
                 raise _bad("fixed_anchor", self.fixed_anchor, "it needs El Che on: remove max_anchor=0")
             a = int(self.fixed_anchor)
             kwargs.update(anchor=a, min_anchor=a, max_anchor=a)
-        caps = self.micro_batch_caps(world)
+        caps = list(probed) if probed is not None else self.micro_batch_caps(world)
         if caps is not None:
             if world == 1 or self.max_anchor == 0:
                 if any(c < batch_size for c in caps):
@@ -208,7 +209,7 @@ class DdpConfig:
     def micro_batch_caps(self, world: int) -> Optional[list[int]]:
         """``max_micro_batch`` as one cap per rank (None: no cap)."""
         cap = self.max_micro_batch
-        if cap is None:
+        if cap is None or cap == "auto":  # "auto": known once probed (Graph.set_data_loader)
             return None
         if isinstance(cap, int):
             return [cap] * world

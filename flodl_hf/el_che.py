@@ -590,4 +590,6 @@ class ElChe:
             why = "max_anchor=0" if self._max_anchor == 0 else "world_size=1"
             return f"El Che: off ({why}), plain synchronous, anchor 1, {what} {self._plan}"
         tags = ("" if self.calibrated else ", uncalibrated") + (", frozen" if self._frozen else "")
+        if self._caps is not None:
+            tags += f", caps {list(self._caps)}"
         return f"El Che: anchor {self._anchor}, shares {shares}, {what} {self._plan}{tags}"

@@ -254,9 +254,30 @@ class Graph:
         if seed is not None:
             self._seed = int(seed)
         if self._runtime is not None:
+            if self.config.max_micro_batch == "auto" and self._runtime.probed_caps is None:
+                self._probe_caps(dataset, batch_size, collate_fn)
             self._runtime.set_batch_size(batch_size)
         if self._resume_steps is not None:
             self.resume_from(self._resume_steps)
+
+    def _probe_caps(self, dataset: Sequence[Any], batch_size: int, collate_fn: Optional[Callable]) -> None:
+        """``max_micro_batch="auto"``: this rank's largest micro-batch, gathered from every rank."""
+        from .memory_probe import probe_micro_batch
+
+        high = self.world_size * batch_size
+        own, error = 0, None
+        try:
+            own = probe_micro_batch(self.module, self.device, dataset, collate_fn, 1, high, self.autocast)
+            if own == 0:
+                error = ValueError(f"rank {self.rank} ({self.device}) cannot train even one sample of the longest "
+                                   "kind in its memory (max_micro_batch='auto'): use a smaller max_length or "
+                                   "model, lower precision, or another device")
+        except BaseException as exc:  # noqa: BLE001 - the others must hear of it (gather_caps re-raises)
+            error = exc
+        caps = self._runtime.gather_caps(own, error)
+        if self.config.verbose and self.is_main:
+            print(f"flodl-hf: memory probe: largest micro-batch per rank {caps} (of {high} samples per step); "
+                  "El Che keeps every rank at or below its cap", flush=True)
 
     def steps_per_epoch(self) -> int:
         """Optimizer-independent count of micro-batches every rank runs per epoch."""

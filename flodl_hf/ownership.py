@@ -8,8 +8,9 @@ It exists so that one module, not each command, decides ownership. The rules:
   earlier version (a ``metrics.json`` with ``"generator": "flodl-hf"`` and no marker) counts as flodl-hf's too.
 * ``--overwrite`` replaces an output directory only when it is flodl-hf's *and* holds nothing but the entries
   recorded in its marker: a file a user added there is named in the refusal, never deleted.
-* A checkpoint directory's ``checkpoint.pt`` and ``runs/`` are removed or replaced only when its marker records
-  them; a foreign one is refused before anything loads, even with ``--overwrite``.
+* A checkpoint directory's checkpoint files (``checkpoint.json``, ``checkpoint.{0,1}.safetensors``, a legacy
+  ``checkpoint.pt``) and ``runs/`` are removed or replaced only when its marker records them; a foreign one is
+  refused before anything loads, even with ``--overwrite``.
 * A file-writing option (``eval --json FILE``) refuses an existing file that is not a flodl-hf result, and never
   accepts an input (the data file, a file of the model directory) as an output.
 * Output and checkpoint directories may not be the same, nor one inside the other, nor hold an input.
@@ -29,9 +30,13 @@ from typing import Iterable, Iterator, Optional, Sequence, Union
 
 from .atomic import atomic_dir
 
+#: What a job writes in its checkpoint directory (the manifest, its two tensor slots) and the legacy pickle file.
+CHECKPOINT_NAMES = ("checkpoint.json", "checkpoint.0.safetensors", "checkpoint.1.safetensors")
+LEGACY_CHECKPOINT = "checkpoint.pt"
+
 __all__ = ["MARKER", "read_marker", "owns_dir", "write_marker", "check_output_dir", "staged_output_dir",
            "check_output_file", "check_disjoint", "claim_checkpoint_dir", "remove_owned", "remove_stale_temporaries",
-           "owned_json"]
+           "owned_json", "CHECKPOINT_NAMES", "LEGACY_CHECKPOINT"]
 
 PathLike = Union[str, Path]
 
@@ -176,7 +181,7 @@ def check_disjoint(outputs: Sequence[tuple[str, PathLike]], inputs: Sequence[tup
 
 
 def claim_checkpoint_dir(directory: PathLike, overwrite: bool, resuming: bool, tensorboard: bool) -> None:
-    """Refuse a checkpoint directory whose ``checkpoint.pt`` / ``runs/`` flodl-hf did not write (before loading)."""
+    """Refuse a checkpoint directory whose checkpoint files / ``runs/`` flodl-hf did not write (before loading)."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"checkpoint path {directory} exists and is a file: choose a directory with "
@@ -187,11 +192,11 @@ def claim_checkpoint_dir(directory: PathLike, overwrite: bool, resuming: bool, t
     recorded = set(marker.get("entries") or ()) if marker else set()
     if resuming:
         return  # the checkpoint itself proves it is flodl-hf's (read_job_state checks its job plan)
-    names = ("checkpoint.pt", "runs") if tensorboard else ("checkpoint.pt",)
+    names = (*CHECKPOINT_NAMES, LEGACY_CHECKPOINT) + (("runs",) if tensorboard else ())
     for name in names:
         if (directory / name).exists() and name not in recorded:
             resume = f"continue it with --resume {directory} if it is an unfinished flodl-hf run, or " \
-                if name == "checkpoint.pt" else ""
+                if name in (CHECKPOINT_NAMES[0], LEGACY_CHECKPOINT) else ""
             raise ValueError(f"{directory / name} was not written by flodl-hf (no ownership record), which never "
                              f"replaces or deletes other files: {resume}choose another --checkpoint-dir")
 
@@ -202,7 +207,8 @@ def adopt_checkpoint_dir(directory: PathLike) -> None:
     marker = read_marker(directory)
     created = not directory.exists() if marker is None else bool(marker.get("created"))
     directory.mkdir(parents=True, exist_ok=True)
-    write_marker(directory, "checkpoint", ["checkpoint.pt", "runs"], created=created)
+    legacy = [LEGACY_CHECKPOINT] if marker and LEGACY_CHECKPOINT in (marker.get("entries") or ()) else []
+    write_marker(directory, "checkpoint", [*CHECKPOINT_NAMES, "runs", *legacy], created=created)
 
 
 def remove_owned(directory: PathLike, names: Sequence[str]) -> None:

@@ -330,14 +330,17 @@ class SequenceClassificationHead:
                 "compute_loss needs labels: collate returned None because the items had no label"
             )
         enc = self._to_device(enc)
-        labels = torch.as_tensor(labels).to(self._graph.device)
-        kind = _losses.check_labels(
-            labels, int(enc["input_ids"].shape[0]), self.num_labels, self.problem_type
-        )
+        # Labels are checked and counted where the collate left them (the CPU): on a GPU each check or count of
+        # a device tensor would wait for the GPU, once per micro-batch.
+        labels = torch.as_tensor(labels)
+        batch = int(enc["input_ids"].shape[0])
+        kind = _losses.check_labels(labels, batch, self.num_labels, self.problem_type)
+        items = _losses.loss_items(kind, labels, (batch, self.num_labels))
+        labels = labels.to(self._graph.device, non_blocking=True)
         logits = self.forward(enc)
-        loss = _losses.loss_from_logits(kind, logits, labels)
+        loss = _losses.loss_from_logits(kind, logits, labels, labelled=items > 0 if kind == "ce" else None)
         if torch.is_grad_enabled():  # so N ranks weight it exactly (Graph.loss_items)
-            self._graph.loss_items(_losses.loss_items(kind, labels, logits.shape))
+            self._graph.loss_items(items)
         return loss, logits
 
     def predict(

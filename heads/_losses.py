@@ -185,11 +185,18 @@ def loss_items(kind: str, labels: torch.Tensor, logits_shape: Sequence[int]) -> 
     raise ValueError(f"unknown loss kind {kind!r}")
 
 
-def loss_from_logits(kind: str, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The mean loss of ``kind`` (from :func:`check_labels`) over the batch, computed in float32."""
+def loss_from_logits(
+    kind: str, logits: torch.Tensor, labels: torch.Tensor, labelled: Optional[bool] = None
+) -> torch.Tensor:
+    """The mean loss of ``kind`` (from :func:`check_labels`) over the batch, computed in float32.
+
+    ``labelled``: whether any label is not ``-100`` (cross-entropy), when the caller already knows it (counted on
+    the host); None: checked here."""
     logits = logits.float()
     if kind == "ce":
-        if not bool((labels != IGNORE_INDEX).any()):
+        if labelled is None:
+            labelled = bool((labels != IGNORE_INDEX).any())
+        if not labelled:
             return logits.sum() * 0.0  # every sample ignored: a zero loss that still has a graph
         return F.cross_entropy(logits, labels.long(), ignore_index=IGNORE_INDEX)
     if kind == "soft_ce":

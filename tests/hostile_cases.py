@@ -191,6 +191,28 @@ case("--resume a directory without checkpoint", [*TRAIN, "--output-dir", "out", 
      ("no checkpoint at",), setup=lambda root: (root / "empty").mkdir())
 case("--resume a foreign checkpoint", [*TRAIN, "--output-dir", "out", "--resume", "c"],
      ("unreadable",), setup=raw("c/checkpoint.pt", b"not a checkpoint"))
+# issue 14: the safe checkpoint format. A pickle is never opened; the exec payload would create a file, which the
+# listing check would catch. Its bytes: pickle.dumps of an object whose __reduce__ is (exec, ("open('PWNED','w')",)).
+_EXEC_PICKLE = b"\x80\x04\x95-\x00\x00\x00\x00\x00\x00\x00\x8c\x08builtins\x94\x8c\x04exec\x94\x93\x94\x8c" \
+    b"\x11open('PWNED','w')\x94\x85\x94R\x94."
+_NEWER = json.dumps({"format": "flodl-hf-checkpoint", "version": 99, "kind": "setup", "state": {}})
+_BAD_SUM = json.dumps({"format": "flodl-hf-checkpoint", "version": 2, "kind": "setup", "state": {}, "sha256": "0" * 64,
+                       "tensors": {"file": "checkpoint.0.safetensors", "bytes": 1, "sha256": "0" * 64}})
+case("--resume a legacy pickle checkpoint.pt", [*TRAIN, "--output-dir", "out", "--resume", "c"],
+     ("c/checkpoint.pt is a legacy pickle checkpoint", "flodl-hf convert-checkpoint --trust-pickle c"),
+     setup=raw("c/checkpoint.pt", _EXEC_PICKLE))
+case("--resume a checkpoint of a newer format", [*TRAIN, "--output-dir", "out", "--resume", "c"],
+     ("format version 99, newer than this flodl-hf reads", "upgrade flodl-hf"), setup=text("c/checkpoint.json", _NEWER))
+case("--resume a truncated manifest", [*TRAIN, "--output-dir", "out", "--resume", "c"],
+     ("c/checkpoint.json is unreadable: not valid JSON",), setup=text("c/checkpoint.json", _NEWER[:30]))
+case("--resume a manifest whose checksum fails", [*TRAIN, "--output-dir", "out", "--resume", "c"],
+     ("c/checkpoint.json is corrupted: its SHA-256 does not match",), setup=text("c/checkpoint.json", _BAD_SUM))
+case("convert-checkpoint without --trust-pickle", ["convert-checkpoint", "c"], ("pass --trust-pickle",),
+     setup=raw("c/checkpoint.pt", _EXEC_PICKLE))
+case("convert-checkpoint of a malicious pickle", ["convert-checkpoint", "--trust-pickle", "c"],
+     ("refused",), setup=raw("c/checkpoint.pt", _EXEC_PICKLE))
+case("convert-checkpoint of a missing checkpoint", ["convert-checkpoint", "--trust-pickle", "nope"],
+     ("no legacy checkpoint at nope",))
 for name, setup_json, needle in (
         ("foreign file", text("r.json", '{"mine": 1}'), "already exists and is not an earlier flodl-hf result"),
         ("the data file", None, "is an input of this command"),

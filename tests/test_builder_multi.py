@@ -70,7 +70,7 @@ def test_combination_trains_to_accuracy_with_speed_shares(policy, backend, tmp_p
     if guard_case:
         b.divergence_threshold(1e-6)  # any divergence is "far above": the guard must shrink the anchor
     if ckpt_case:
-        b.checkpoint_fn(lambda epoch: tmp_path / f"epoch{epoch}.pt")
+        b.checkpoint_fn(lambda epoch: tmp_path / f"epoch{epoch}.json")
     handle = b.run()
     assert handle.world_size == 2 and handle.devices == ["cpu", "cpu"]
     metrics = []
@@ -103,8 +103,8 @@ def test_combination_trains_to_accuracy_with_speed_shares(policy, backend, tmp_p
         assert min(m.anchor for m in metrics) < 4, [m.anchor for m in metrics]
     if ckpt_case:
         files = sorted(p.name for p in tmp_path.iterdir())
-        assert files == ["epoch0.pt", "epoch1.pt", "epoch2.pt"]  # atomic: no temporary file left behind
-        last = read_checkpoint(tmp_path / "epoch2.pt")
+        assert files == [f"epoch{e}.{x}" for e in range(3) for x in ("0.safetensors", "json")]  # no temporaries
+        last = read_checkpoint(tmp_path / "epoch2.json")
         assert last["epoch"] == 2 and last["world_size"] == 2
         for k, v in state.state_dict().items():
             assert torch.equal(last["model"][k], v)

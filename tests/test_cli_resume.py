@@ -81,7 +81,7 @@ def test_interrupted_then_resumed_run_reproduces_every_loss(work, uninterrupted,
     assert signal.getsignal(signal.SIGINT) is handler  # installed only for the loop, then restored
     checkpoint_dir = tmp_path / "out.checkpoint"
     assert stopped.value.step == 4 and stopped.value.checkpoint_dir == checkpoint_dir  # finished the step
-    assert (checkpoint_dir / "checkpoint.pt").is_file()
+    assert (checkpoint_dir / "checkpoint.json").is_file()
     assert not out.exists() and not leftovers(tmp_path, "out")
 
     assert cli.main([*run_args(work), "--output-dir", str(out), "--resume", str(checkpoint_dir)]) == 0
@@ -172,7 +172,7 @@ def test_nan_loss_stops_with_exit_1_and_keeps_the_last_checkpoint(work, tmp_path
     assert code == 1
     assert "the training loss became nan at step 2 (epoch 1)" in line and "lower --lr" in line
     assert "the last checkpoint, from before it (step 1)" in line
-    assert (tmp_path / "out.checkpoint" / "checkpoint.pt").is_file()
+    assert (tmp_path / "out.checkpoint" / "checkpoint.json").is_file()
     assert not out.exists() and not leftovers(tmp_path, "out")
 
 
@@ -238,7 +238,7 @@ def test_keep_checkpoint_and_a_changed_plan_is_refused(work, tmp_path, capsys):
     out = tmp_path / "out"
     assert cli.main(small_args(work, out, "--checkpoint-every", "5", "--keep-checkpoint")) == 0
     checkpoint_dir = tmp_path / "out.checkpoint"
-    assert (checkpoint_dir / "checkpoint.pt").is_file()
+    assert (checkpoint_dir / "checkpoint.json").is_file()
     capsys.readouterr()
     code = cli.main(small_args(work, tmp_path / "again", "--resume", str(checkpoint_dir), "--max-length", "12"))
     line = error_line(capsys.readouterr().err)

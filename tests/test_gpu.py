@@ -160,3 +160,28 @@ def test_encode_on_cuda_pads_to_a_multiple_of_8_and_keeps_the_logits():
     assert enc["input_ids"].shape[1] % 8 == 0 and enc["input_ids"].shape[1] >= cpu["input_ids"].shape[1]
     with torch.no_grad():
         torch.testing.assert_close(head.forward(enc).cpu(), ref, rtol=1e-4, atol=1e-4)
+
+
+@requires_gpus(1)
+def test_compute_clock_times_gpu_work_with_events_and_no_per_batch_synchronise():
+    from flodl_hf.distributed.clock import ComputeClock
+
+    dev = torch.device("cuda:0")
+    a = torch.randn(2048, 2048, device=dev)
+    clock = ComputeClock(dev)
+    assert clock.events
+    for _ in range(3):
+        clock.mark()
+        for _ in range(20):
+            a = (a @ a).tanh()
+        assert clock.stop() is None  # nothing waited for the GPU here
+    gpu_s = clock.pending_seconds()
+    torch.cuda.synchronize()
+    clock.mark()
+    for _ in range(20):
+        a = (a @ a).tanh()
+    torch.cuda.synchronize()
+    assert clock.stop() is None
+    one = clock.pending_seconds()
+    assert gpu_s > 0 and 1.5 < gpu_s / one < 4.5  # three batches of the same work take about three times one
+    assert clock.pending_seconds() == 0.0

@@ -122,7 +122,7 @@ def run_builder(spec: RunSpec, wspec: WorkloadSpec) -> dict[str, Any]:
 
 
 def _checkpoint_path(directory: str, epoch: int) -> str:
-    return str(Path(directory) / f"epoch{epoch}.pt")
+    return str(Path(directory) / f"epoch{epoch}.json")
 
 
 def _curve(workload: Any, metrics: list, directory: str, spec: RunSpec) -> list[tuple[float, int, float]]:

@@ -155,8 +155,9 @@ class DdpBuilder:
         return self._set(checkpoint_every=n)
 
     def checkpoint_fn(self, fn: Callable[[int], Any]) -> "DdpBuilder":
-        """``fn(epoch) -> path`` of the checkpoint file to write (atomically); enables ``checkpoint_every(1)``
-        unless another interval is set."""
+        """``fn(epoch) -> path`` of the checkpoint's JSON manifest to write (e.g. ``ckpt/epoch2.json``; its
+        tensors go beside it in ``epoch2.{0,1}.safetensors``; see ``flodl_hf.builder.checkpoint``), atomically;
+        enables ``checkpoint_every(1)`` unless another interval is set."""
         if self._s.checkpoint_every is None:
             self._s.checkpoint_every = 1
         return self._set(checkpoint_fn=fn)

@@ -29,6 +29,7 @@ from .checkpoint import write_checkpoint
 from .resume import first_epoch as _first_epoch, resume_meta
 from .epochs import EpochBook
 from .guard import AnchorControl, DivergenceGuard
+from .inbox import Inbox
 from .lifecycle import Workers, stop_workers, wait_ready
 from .progress import ProgressBar
 from .rounds import AverageJob, Averager, CpuRounds, Snapshot
@@ -58,7 +59,7 @@ class Coordinator:
         self.devices = workers.devices
         self.world = len(workers.devices)
         self.procs = workers.procs
-        self.events = workers.events
+        self.inbox = Inbox(workers.events)
         self.cmds = workers.cmds
         self.board = workers.board
         self.slots: Optional[Slots] = None
@@ -134,13 +135,7 @@ class Coordinator:
             self.metrics.put(None)
 
     def _get(self, timeout: float) -> Optional[tuple]:
-        try:
-            return self.events.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        except Exception as exc:  # noqa: BLE001 - e.g. a tensor whose sender died before we mapped it
-            log.warning("flodl-hf builder: dropped an unreadable worker message (%s)", exc)
-            return None
+        return self.inbox.get(timeout)
 
     def _send(self, rank: int, msg: tuple) -> None:
         try:
@@ -443,7 +438,10 @@ class Coordinator:
             return
         if self._checkpoint_due() and self.sync:
             self._request_state()
-        if res.all_done:  # everyone idle but work is still out (a silent worker holds it): wait for news
+        if res.all_done and not any(self.unsent[r] for r in self.live):
+            # everyone idle but work is still out (a silent worker holds it): wait for news. Batches reported
+            # while this round was being averaged (a rank given a lost worker's batches after its snapshot said
+            # done) ARE that news, and no later report will come: post the next plan now.
             self.plan_deferred = True
             return
         self._post_plan(res.round + 1)

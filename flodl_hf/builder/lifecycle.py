@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 from ..distributed.context import DistributedError
 from .board import Board
 from .data import pack_dataset
+from .inbox import Inbox
 from .settings import BuilderSettings
 from .step import Recipe
 
@@ -36,7 +37,8 @@ class Workers:
     """The started worker processes and what connects them to the coordinator."""
 
     procs: list[Any]
-    events: Any
+    events: list[Any]
+    """One queue per worker (``inbox``): a worker killed mid-write can silence only its own."""
     cmds: list[Any]
     board: Board
     devices: list[str]
@@ -74,12 +76,12 @@ def start_workers(s: BuilderSettings, recipe: Recipe, devices: list[str]) -> Wor
         timeline=bool(s.timeline),
     )
     board = Board.create(world, ctx)
-    events = ctx.Queue()
+    events = [ctx.Queue() for _ in range(world)]
     cmds = [ctx.Queue() for _ in range(world)]
     procs = [
         ctx.Process(
             target=worker_main,
-            args=(r, spec, events, cmds[r], board.array),
+            args=(r, spec, events[r], cmds[r], board.array),
             daemon=True,
             name=f"flodl-hf-worker-{r}",
         )
@@ -95,6 +97,7 @@ def start_workers(s: BuilderSettings, recipe: Recipe, devices: list[str]) -> Wor
             p.kill()
             p.join(timeout=2.0)
         raise ValueError(start_error(exc, recipe)) from exc
+    Inbox(events).release_write_ends()
     return Workers(procs, events, cmds, board, devices, speeds, spec.startup_timeout_s)
 
 
@@ -196,16 +199,19 @@ def stop_workers(w: Workers, grace_s: float = 5.0) -> None:
         if p.is_alive():
             p.kill()
             p.join(timeout=2.0)
-    for q in [w.events, *w.cmds]:
+    for q in [*w.events, *w.cmds]:
         try:
             q.cancel_join_thread()  # never block this process's exit on messages nobody will read
             q.close()
-            # close() leaves the read end open until the queue is collected, and the write end too when this
-            # process never put anything (no feeder thread to close it)
-            ends = [getattr(q, "_reader", None)]
-            if getattr(q, "_thread", None) is None:
-                ends.append(getattr(q, "_writer", None))
-            for end in ends:
+            feeder = getattr(q, "_thread", None)
+            if feeder is not None:
+                # the feeder thread closes both ends itself once it has flushed; closing them here too raced
+                # with it (EBADF in the thread, or worse, closing a descriptor number reused meanwhile)
+                feeder.join(timeout=1.0)
+                continue
+            # no feeder (this process never put anything): nothing else will close the ends before the queue
+            # is collected
+            for end in (getattr(q, "_reader", None), getattr(q, "_writer", None)):
                 if end is not None:
                     end.close()
         except Exception:  # noqa: BLE001 - best effort

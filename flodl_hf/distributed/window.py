@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from ..config import DdpConfig
 from ..el_che import ElChe
+from .clock import ComputeClock
 from .collectives import broadcast_tensors
 from .context import DistContext, DistributedError, missing_ranks, side_group
 from .window_grads import WindowGrads
@@ -98,14 +99,16 @@ class WindowRuntime:
         self.float_buffers = [b for b in module.buffers() if b.is_floating_point()]
         self.el_che: Optional[ElChe] = None
         self.batch_size: Optional[int] = None
+        self.probed_caps: Optional[list[int]] = None  # DdpConfig(max_micro_batch="auto"), once probed
         self.speed = 1.0 if config.simulate_speeds is None else float(config.simulate_speeds[self.rank])
         self.window_index = 0
         self._closed = False
         self._lock = threading.RLock()
         self._drawn = 0  # steps drawn from the plan so far (all epochs)
         self._versions: list[tuple[int, list[int]]] = []  # (first draw number, per-rank sizes)
-        self._last_step_end = time.perf_counter()
-        self._last_yield = 0.0
+        # CUDA events time a GPU rank's micro-batches without a synchronise per micro-batch; a simulated slower
+        # device needs each one's time at once (host clock)
+        self.clock = ComputeClock(ctx.device, events=self.speed >= 1.0)
         self._last_sync_ms = 0.0
         self._user_flags = 0
         self.agreed_flags = 0
@@ -123,6 +126,25 @@ class WindowRuntime:
             dist.all_reduce(flags)
         return [f > 0.5 for f in flags.tolist()]
 
+    def gather_caps(self, own: int, error: Optional[BaseException] = None) -> list[int]:
+        """Every rank's probed micro-batch cap (a one-off all-reduce at setup). A rank whose probe failed takes
+        part with -1, so the others fail with its name instead of waiting for it."""
+        caps = torch.zeros(self.world, dtype=torch.float64)
+        caps[self.rank] = -1.0 if error is not None else float(own)
+        if self.side is not None:
+            dist.all_reduce(caps, group=self.side)
+        else:
+            dist.all_reduce(caps)
+        got = [int(c) for c in caps.tolist()]
+        if error is not None:
+            raise error
+        failed = [q for q, c in enumerate(got) if c < 0]
+        if failed:
+            raise DistributedError(f"rank(s) {failed} failed in the memory probe (see their error); rank "
+                                   f"{self.rank} stops too")
+        self.probed_caps = got
+        return got
+
     # --- plan -----------------------------------------------------------------------------------------------
     def set_batch_size(self, batch_size: int) -> None:
         """(Re)build the El Che scheduler for a per-rank batch size; called by ``graph.set_data_loader``."""
@@ -135,7 +157,8 @@ class WindowRuntime:
         if cfg.batch_sizes is not None and sum(cfg.batch_sizes) != self.world * batch_size:
             raise ValueError(f"DdpConfig.batch_sizes={list(cfg.batch_sizes)} sums to {sum(cfg.batch_sizes)}, but "
                              f"{self.world} ranks x batch_size {batch_size} = {self.world * batch_size}: make them agree")
-        el_che = ElChe(self.world, mode="setup", batch_size=batch_size, **cfg.el_che_kwargs(self.world, batch_size))
+        el_che = ElChe(self.world, mode="setup", batch_size=batch_size,
+                       **cfg.el_che_kwargs(self.world, batch_size, probed=self.probed_caps))
         if cfg.speed_hint is not None:
             slow, ratio = cfg.speed_hint
             if slow >= self.world:
@@ -178,7 +201,7 @@ class WindowRuntime:
 
     def note_yield(self) -> None:
         """The user's loop received a batch now: time before this was spent waiting for input, not computing."""
-        self._last_yield = time.perf_counter()
+        self.clock.mark()
 
     def _anchor(self) -> int:
         if self.el_che is not None:
@@ -212,16 +235,14 @@ class WindowRuntime:
         did not come from the graph's plan (then it weighs 1 and never forces a window end)."""
         if self._closed:
             raise DistributedError("graph.step() after graph.close(): this rank already told the others it finished")
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
-        elapsed = now - max(self._last_step_end, self._last_yield)
-        if self.speed < 1.0:  # SIMULATION: wait as a slower device would
-            time.sleep(elapsed * (1.0 / self.speed - 1.0))
-            elapsed /= self.speed
+        elapsed = self.clock.stop()  # None with CUDA events: added at the window end
+        if elapsed is not None:
+            if self.speed < 1.0:  # SIMULATION: wait as a slower device would
+                time.sleep(elapsed * (1.0 / self.speed - 1.0))
+                elapsed /= self.speed
+            self._compute_s += max(0.0, elapsed)
         if self._window_anchor is None:
             self._window_anchor = self._anchor()
-        self._compute_s += max(0.0, elapsed)
         self._micro_batches += 1
         samples = planned[0] if planned is not None else None
         items, self._items = self._items, None
@@ -245,10 +266,10 @@ class WindowRuntime:
         self._samples += samples if samples is not None else 1
         force = planned[1] if planned is not None else False
         if self._micro_batches < self._window_anchor and not force:
-            self._last_step_end = time.perf_counter()
+            self.clock.mark()
             return False
         self._close_window(graph)
-        self._last_step_end = time.perf_counter()
+        self.clock.mark()
         return True
 
     # --- window end ---------------------------------------------------------------------------------------
@@ -324,6 +345,7 @@ class WindowRuntime:
     def _close_window(self, graph: Any) -> None:
         # The lock keeps a prefetch thread from drawing between the frontier exchange and the new plan's install.
         with self._lock:
+            self._compute_s += self.clock.pending_seconds()
             t0 = time.perf_counter()
             m, presence, trainable = self._exchange(_STEP)
             self._check(m, _STEP)

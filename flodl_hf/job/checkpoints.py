@@ -5,7 +5,12 @@ rules about the checkpoint directory, kept apart from the engine's file format (
 
 - The directory is ``--checkpoint-dir``, else the ``--resume`` directory, else ``<output-dir>.checkpoint`` beside
   the output directory (outside it, so the output directory is still written in one atomic swap at the end).
-  It holds the engine's ``checkpoint.pt`` and, with ``--report-to tensorboard``, the live ``runs/`` event files.
+  It holds the engine's checkpoint (``checkpoint.json`` and its ``checkpoint.{0,1}.safetensors``, the safe format
+  of ``flodl_hf.checkpoint_files``) and, with ``--report-to tensorboard``, the live ``runs/`` event files.
+- The job locks the checkpoint and output directories for the whole run (``flodl_hf.dirlock``, taken in
+  ``flodl_hf.job.run``): a second run on either is refused naming the first.
+- ``--resume`` reads the job plan from the manifest alone (JSON, checksum verified; no tensor, no torch, never a
+  pickle); a legacy ``checkpoint.pt`` is refused with the ``flodl-hf convert-checkpoint --trust-pickle`` command.
 - A fresh run refuses a directory that already holds a checkpoint (resume it, or pass ``--overwrite``).
 - The job records a *plan* in the checkpoint's ``extra``: every setting that decides which rows, in which order,
   through which model. Resuming with any of them changed is refused with one
@@ -15,7 +20,7 @@ rules about the checkpoint directory, kept apart from the engine's file format (
   devices continues the epoch at the same sample, and the warmup/decay schedule is rescaled to the micro-steps
   that remain on the new devices (``LinearSchedule.continue_over``). Each resume is recorded with the device
   counts before and after (``metrics.json`` ``resumed``, the model card's "resumed" row).
-- After a successful run the job removes what it wrote there (``checkpoint.pt``, ``runs/``, the directory when
+- After a successful run the job removes what it wrote there (the checkpoint files, ``runs/``, the directory when
   it created it and it is left empty), unless ``--keep-checkpoint``. It deletes or replaces only what the
   directory's ownership marker records (``flodl_hf.ownership``): a user's files there are never touched.
 """
@@ -26,17 +31,18 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .. import ownership
+from ..checkpoint_errors import ResumeError
+from ..checkpoint_files import read_manifest, refuse_legacy, slot_names
 
-#: The engine's checkpoint file name (``flodl_hf.checkpoint.CHECKPOINT_FILE``; not imported: that pulls in torch).
-CHECKPOINT_FILE = "checkpoint.pt"
+#: The engine's checkpoint manifest (``flodl_hf.checkpoint.CHECKPOINT_FILE``; not imported: that pulls in torch).
+CHECKPOINT_FILE = "checkpoint.json"
+#: Everything a job's checkpoint is made of (the manifest and its two tensor slots).
+CHECKPOINT_FILES = (CHECKPOINT_FILE, *slot_names(CHECKPOINT_FILE))
+#: The pickle checkpoint of earlier flodl-hf versions (refused; ``flodl-hf convert-checkpoint`` converts it).
+LEGACY_FILE = "checkpoint.pt"
 
-
-def ResumeError(message: str) -> Exception:  # noqa: N802 - builds the engine's exception type lazily
-    from ..checkpoint import ResumeError as error
-
-    return error(message)
-
-__all__ = ["checkpoint_dir_for", "check_fresh_checkpoint_dir", "job_plan", "read_job_state", "check_plan",
+__all__ = ["CHECKPOINT_FILE", "CHECKPOINT_FILES", "LEGACY_FILE", "checkpoint_dir_for", "check_fresh_checkpoint_dir",
+           "job_plan", "read_job_state", "check_plan",
            "prepare_checkpoints", "resume", "remove_job_checkpoint", "PLAN_FLAGS", "RUNS_DIR"]
 
 RUNS_DIR = "runs"
@@ -67,7 +73,7 @@ def check_fresh_checkpoint_dir(directory: Path, overwrite: bool) -> None:
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"checkpoint path {directory} exists and is a file: choose a directory with "
                          "--checkpoint-dir")
-    if (directory / CHECKPOINT_FILE).is_file() and not overwrite:
+    if ((directory / CHECKPOINT_FILE).is_file() or (directory / LEGACY_FILE).is_file()) and not overwrite:
         raise ValueError(f"{directory} already holds a checkpoint of an unfinished run: continue it with "
                          f"--resume {directory}, or pass --overwrite to start afresh (or choose --checkpoint-dir)")
 
@@ -89,20 +95,23 @@ def job_plan(settings: Any, sources: Any, labels: list, world_size: Optional[int
 
 
 def read_job_state(directory: str) -> dict:
-    """The job state (``extra``) of the checkpoint in ``directory``, read cheaply (tensors memory-mapped)."""
-    import torch
+    """The job state (``extra``) of the checkpoint in ``directory``, from its manifest alone (verified JSON; the
+    tensors are checked when the engine loads them). A legacy pickle is refused, never opened."""
+    from ..checkpoint_tree import decode
 
     path = Path(directory)
     target = path / CHECKPOINT_FILE if path.is_dir() or not path.exists() else path
     if not target.is_file():
+        legacy = target.parent / LEGACY_FILE
+        if legacy.is_file():
+            raise refuse_legacy(legacy)
         raise ResumeError(f"no checkpoint at {target}: pass --resume the directory an interrupted "
                           "`flodl-hf train` printed")
-    try:
-        state = torch.load(target, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same one-line answer
-        raise ResumeError(f"checkpoint {target} is unreadable ({type(exc).__name__}); it may be damaged or from "
-                          "another program: start afresh without --resume") from exc
-    extra = state.get("extra") if isinstance(state, dict) else None
+    if target.suffix == ".pt":
+        raise refuse_legacy(target)
+    record = read_manifest(target, "setup")
+    state = record.get("state")
+    extra = decode(state.get("extra"), {}, str(target)) if isinstance(state, dict) else None
     if not isinstance(extra, dict) or not isinstance(extra.get("plan"), dict):
         raise ResumeError(f"{target} was not written by `flodl-hf train` (no job plan in it): resume it with the "
                           "script that wrote it, or start afresh without --resume")
@@ -169,6 +178,7 @@ def resume(graph: Any, settings: Any, saved: dict, plan: dict, schedule: Any, sa
 
 
 def remove_job_checkpoint(directory: Path, runs: bool = True) -> None:
-    """Remove what a job wrote in its checkpoint directory: ``checkpoint.pt``, ``runs/`` (when ``runs``), and the
-    directory itself if flodl-hf created it and nothing else is left. Only entries its marker records."""
-    ownership.remove_owned(directory, [CHECKPOINT_FILE, RUNS_DIR] if runs else [CHECKPOINT_FILE])
+    """Remove what a job wrote in its checkpoint directory: the checkpoint files, ``runs/`` (when ``runs``), and
+    the directory itself if flodl-hf created it and nothing else is left. Only entries its marker records."""
+    names = [*CHECKPOINT_FILES, LEGACY_FILE] + ([RUNS_DIR] if runs else [])
+    ownership.remove_owned(directory, names)

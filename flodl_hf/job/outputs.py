@@ -59,6 +59,7 @@ def el_che_info(graph: Any) -> Optional[dict]:
         return None
     return {"anchor": int(el_che.anchor), "shares": [round(float(s), 4) for s in el_che.shares],
             "batch_sizes": list(el_che.batch_sizes()), "windows": int(el_che.windows),
+            "micro_batch_caps": el_che.max_batch_sizes,
             "description": el_che.describe()}
 
 

@@ -58,7 +58,7 @@ def check_train(settings: Any, sources: Any) -> Path:
                      checkpoints=settings.checkpoint_every is not None)
     if is_main_process():
         for directory in {checkpoint_dir, Path(settings.resume or checkpoint_dir)}:
-            ownership.remove_stale_temporaries(directory, ["checkpoint.pt"])
+            ownership.remove_stale_temporaries(directory, [*ownership.CHECKPOINT_NAMES, "checkpoint.pt"])
         if output.absolute().name:  # an output swap a kill interrupted (.NAME.partial-*, .NAME.old-*)
             ownership.remove_stale_temporaries(output.absolute().parent, [output.absolute().name])
     return checkpoint_dir

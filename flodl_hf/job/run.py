@@ -114,14 +114,41 @@ def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], No
     returns the metrics, the other ranks return ``{"rank": r}``. Raises ``loop.TrainingInterrupted``
     after a Ctrl-C (a checkpoint was written) and ``loop.TrainingDiverged`` on a NaN/inf loss.
     """
-    from .. import ownership
-    from .checkpoints import check_plan, job_plan, prepare_checkpoints, remove_job_checkpoint, resume
-    from .outputs import require_tensorboard
-    from .preflight import check_label_order, check_train
+    from .preflight import check_train, is_main_process
 
     started = time.perf_counter()
     sources = _resolve(settings)
-    check_train(settings, sources)  # validate first: paths, ownership, model files, devices, disk space
+    checkpoint_dir = check_train(settings, sources)  # validate first: paths, ownership, model files, devices, disk
+    locks = _lock_directories(settings, checkpoint_dir) if is_main_process() else []
+    try:
+        return _run(settings, head_cls, sources, started, log)
+    finally:
+        for lock in reversed(locks):
+            lock.release()
+
+
+def _lock_directories(settings: TrainSettings, checkpoint_dir: Path) -> list:
+    """Lock the checkpoint and output directories for this run (``flodl_hf.dirlock``): a second run writing
+    either is refused naming this one."""
+    from .. import dirlock
+
+    locks = [dirlock.acquire(checkpoint_dir, "checkpoint directory", "choose another --checkpoint-dir")]
+    try:
+        locks.append(dirlock.acquire(settings.output_dir, "output directory", "choose another --output-dir"))
+    except BaseException:
+        locks[0].release()
+        raise
+    return locks
+
+
+def _run(settings: TrainSettings, head_cls: Any, sources: "_Sources", started: float,
+         log: Callable[[str], None]) -> dict:
+    """The job after its preflight, with its directories locked."""
+    from .. import ownership
+    from .checkpoints import check_plan, job_plan, prepare_checkpoints, remove_job_checkpoint, resume
+    from .outputs import require_tensorboard
+    from .preflight import check_label_order
+
     if settings.report_to == "tensorboard":
         require_tensorboard()
     dataset, held_out = _load_data(settings, sources)

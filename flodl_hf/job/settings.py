@@ -107,8 +107,9 @@ class TrainSettings:
     """DdpConfig.overhead_target: El Che's ceiling of synchronisation / compute time, in [0.01, 0.5]."""
     fixed_anchor: Optional[int] = None
     """DdpConfig.fixed_anchor: micro-steps per optimizer step, constant (None: El Che adapts it)."""
-    max_micro_batch: Optional[int] = None
-    """DdpConfig.max_micro_batch: no rank's micro-batch exceeds this many samples (None: no cap)."""
+    max_micro_batch: Optional[int | str] = None
+    """DdpConfig.max_micro_batch: no rank's micro-batch exceeds this many samples ("auto": each rank probes its
+    largest; None: no cap)."""
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
