@@ -5,9 +5,9 @@ A checkpoint is written by rank 0 (replicas are identical) into a directory, in 
 El Che state, Python and NumPy RNG states, the job's ``extra``; format version and SHA-256 checksums) and
 ``checkpoint.0.safetensors`` or ``checkpoint.1.safetensors`` (the module's weights, the optimizer's tensors, every
 rank's torch / CUDA RNG states). It holds the module's weights, the optimizer and LR-scheduler states, the El Che
-state, every rank's RNG states (torch, CUDA, Python, NumPy), the epoch position (epoch, micro-batches done in it),
-the optimizer step count and the data plan (batch size, world size, seed). Resuming restores all of it;
-``graph.epoch(n)`` then skips what was done, so the user's loop runs unchanged and, on CPU, reproduces the
+state, every rank's RNG states (torch, CUDA, Python, NumPy), the epoch position (epoch, micro-batches done in it,
+and samples of the epoch's permutation consumed: ``epoch_position``), the optimizer step count and the data plan
+(batch size, world size, seed). Resuming restores all of it; ``graph.epoch(n)`` then skips what was done, so the user's loop runs unchanged and, on CPU, reproduces the
 uninterrupted run's losses exactly. Loading never unpickles: a legacy ``checkpoint.pt`` (a pickle) is refused with
 the command that converts it (``flodl-hf convert-checkpoint --trust-pickle DIR``).
 
@@ -15,12 +15,17 @@ The first save into a directory locks it for the rest of the process (``flodl_hf
 saves there is refused with a line naming this one. A failed write (full disk, read-only directory) raises
 ``CheckpointWriteError`` and leaves the previous checkpoint loadable.
 
+A checkpoint written on N ranks resumes on any number M of ranks (elastic resume): the epoch continues at the same
+sample, rank 0's weights and optimizer state apply to every rank, El Che recalibrates, and ranks beyond the old
+world get derived RNG states. What is carried and what is not: ``flodl_hf.elastic``.
+
 Checkpoints are taken at a window boundary (right after a ``graph.step()`` that stepped the optimizer).
 """
 
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
@@ -29,6 +34,8 @@ import torch
 from . import dirlock
 from .checkpoint_errors import ResumeError
 from .checkpoint_files import read_state, refuse_legacy, write_state
+from .elastic import derived_seed, restore_el_che, saved_position, seed_everything
+from .position import EpochPosition
 
 if TYPE_CHECKING:
     from .graph import Graph
@@ -106,6 +113,7 @@ def save_checkpoint(graph: "Graph", directory: Union[str, Path], extra: Optional
         "el_che": el_che.state_dict() if el_che is not None else None,
         "rng": rng,
         "position": graph.position(),
+        "epoch_position": graph.epoch_position().to_state(),
         "training_step": graph.training_step,
         "plan": {"world_size": graph.world_size, "batch_size": graph._batch_size, "seed": graph._seed},
         "extra": extra or {},
@@ -135,9 +143,7 @@ def load_checkpoint(graph: "Graph", directory: Union[str, Path]) -> dict:
     """Restore ``graph`` (already set up, with its data loader set) from a checkpoint; returns its ``extra``."""
     state = _load_file(Path(directory))
     plan = state["plan"]
-    if plan["world_size"] != graph.world_size:
-        raise ResumeError(f"checkpoint was written by {plan['world_size']} rank(s) but this run has "
-                              f"{graph.world_size}: resume with the same number of devices")
+    saved_world = int(plan["world_size"])
     if graph._batch_size and plan["batch_size"] and plan["batch_size"] != graph._batch_size:
         raise ResumeError(f"checkpoint used batch_size {plan['batch_size']} but this run uses "
                               f"{graph._batch_size}: resume with the same batch size")
@@ -152,17 +158,35 @@ def load_checkpoint(graph: "Graph", directory: Union[str, Path]) -> dict:
             f"shape mismatch {shapes[:3]}" if shapes else "") if part)
         raise ResumeError(f"checkpoint does not fit this model ({detail}): resume with the same model and "
                               "number of labels")
+    total = None if graph._dataset is None else len(graph._dataset)
+    try:
+        position = saved_position(state, total, graph.config.drop_last)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ResumeError(f"checkpoint {directory} has an unreadable epoch position ({exc}); it may be damaged: "
+                          "start afresh") from exc
+    if not isinstance(position, EpochPosition) and saved_world != graph.world_size:
+        raise ResumeError(f"checkpoint {directory} of {saved_world} rank(s) records its position in steps: call "
+                          f"graph.set_data_loader(...) before load_checkpoint to resume it on {graph.world_size}")
+    if isinstance(position, EpochPosition) and total is not None and position.end > total:
+        raise ResumeError(f"checkpoint's epoch covers {position.end} samples but this dataset has "
+                          f"{len(graph._dataset)}: resume with the same dataset")
     graph.module.load_state_dict(saved)
     if state["optimizer"] is not None and graph.optimizer is not None:
         graph.optimizer.load_state_dict(state["optimizer"])
     if state["scheduler"] is not None and graph.scheduler is not None:
         graph.scheduler.load_state_dict(state["scheduler"])
-    el_che = graph.el_che()
-    if state["el_che"] is not None and el_che is not None:
-        el_che.load_state_dict(state["el_che"])
+    restore_el_che(graph.el_che(), state["el_che"], saved_world, graph.world_size)
     rng = state["rng"]
-    _set_rng_state(rng[graph.rank] if graph.rank < len(rng) else rng[0])
     graph.training_step = int(state["training_step"])
+    if graph.rank < len(rng):
+        _set_rng_state(rng[graph.rank])
+    else:  # a rank the old run did not have (flodl_hf.elastic)
+        seed_everything(derived_seed(int(plan["seed"]), graph.training_step, graph.rank))
     graph._seed = int(plan["seed"])
-    graph.resume_from(state["position"])
+    graph.resume_from(position)
+    if saved_world != graph.world_size and graph.is_main and graph.config.verbose \
+            and isinstance(position, EpochPosition):
+        print(f"flodl-hf: resuming a checkpoint of {saved_world} rank(s) on {graph.world_size}: epoch "
+              f"{position.epoch + 1} continues at sample {position.samples} of {position.end}; El Che recalibrates "
+              "on the new devices", file=sys.stderr)
     return dict(state.get("extra") or {})

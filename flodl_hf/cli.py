@@ -110,8 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--warmup-ratio", type=argtypes.fraction, default=None,
                        help="linear LR schedule with this warmup fraction (default: constant LR)")
     train.add_argument("--no-progress", action="store_true", help="no progress bars")
-    train.add_argument("--no-group-by-length", action="store_true",
-                       help="plain shuffled batches (default: batches of similar text length, less padding)")
+    train.add_argument("--group-by-length", action="store_true",
+                       help="batches of similar text length: less padding, faster steps (off: plain shuffled)")
     long_runs = train.add_argument_group("checkpoints, evaluation and reporting")
     long_runs.add_argument("--checkpoint-every", type=argtypes.int_at_least(1), default=None, metavar="N",
                            help="write a checkpoint every N optimizer steps (default: only on Ctrl-C)")
@@ -207,7 +207,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
                          train_rows=args.train_rows, eval_rows=args.eval_rows, seed=args.seed,
                          output_dir=args.output_dir, overwrite=args.overwrite, devices=args.devices,
                          precision=args.precision, warmup_ratio=args.warmup_ratio, progress=not args.no_progress,
-                         group_by_length=not args.no_group_by_length,
+                         group_by_length=args.group_by_length,
                          checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
                          keep_checkpoint=args.keep_checkpoint, resume=args.resume, eval_every=args.eval_every,
                          early_stopping_patience=args.early_stopping_patience, report_to=args.report_to,

@@ -19,6 +19,7 @@ import torch
 
 from .config import DdpConfig
 from .partition import LENGTH_GROUP, epoch_permutation, length_grouped, rank_slice, steps_per_epoch
+from .position import EpochPosition, segment, steps_left
 
 __all__ = ["Graph", "HasGraph", "EpochPlan", "LOSS_REDUCTIONS"]
 
@@ -65,12 +66,13 @@ class Graph:
         self._collate: Optional[Callable[[list], Any]] = None
         self._lengths: Optional[list[int]] = None  # per-sample lengths: batches grouped by length
         self._seed: int = 0
-        self._epoch_index: Optional[int] = None  # epoch being iterated by graph.epoch()
-        self._done_in_epoch: int = 0  # micro-batches of that epoch finished by step()
-        self._resume: Optional[tuple[int, int]] = None  # (epoch, micro-batches done) from a checkpoint
+        self._at: Optional[EpochPosition] = None  # how far graph.epoch()'s plan went, updated by step()
+        self._resume: Optional[EpochPosition] = None  # where a loaded checkpoint continues
+        self._resume_steps: Optional[tuple[int, int]] = None  # (epoch, steps) loaded before the data loader was set
         self._scaler: Any = None  # torch.amp.GradScaler for fp16 on CUDA
-        # Drawn but not yet stepped plan steps, oldest first: (epoch, step k, real samples, window end).
-        self._pending: deque[tuple[int, int, int, bool]] = deque()
+        # Drawn but not yet stepped plan steps, oldest first:
+        # (epoch, step k, real samples, window end, the epoch's position once it is stepped).
+        self._pending: deque[tuple[int, int, int, bool, EpochPosition]] = deque()
         self._raised_flags = 0
         self._agreed_flags = 0
 
@@ -139,9 +141,10 @@ class Graph:
         optimizer = self._require_optimizer()
         entry = self._pending.popleft() if self._pending else None
         if entry is not None:
-            self._epoch_index, self._done_in_epoch = entry[0], entry[1] + 1
-        elif self._epoch_index is not None:
-            self._done_in_epoch += 1
+            self._at = entry[4]
+        elif self._at is not None:  # a batch not drawn from the plan: it stands for the next plan step
+            at, g = self._at, self.world_size * self._batch_size
+            self._at = EpochPosition(at.epoch, at.steps + 1, min(at.end, at.samples + g), at.end)
         if self._runtime is not None:
             self._runtime.set_user_flags(self._raised_flags)
             self._raised_flags = 0
@@ -262,27 +265,12 @@ class Graph:
             self._seed = int(seed)
         if self._runtime is not None:
             if self.config.max_micro_batch == "auto" and self._runtime.probed_caps is None:
-                self._probe_caps(dataset, batch_size, collate_fn)
+                from .memory_probe import probe_graph_caps
+
+                probe_graph_caps(self, dataset, batch_size, collate_fn)
             self._runtime.set_batch_size(batch_size)
-
-    def _probe_caps(self, dataset: Sequence[Any], batch_size: int, collate_fn: Optional[Callable]) -> None:
-        """``max_micro_batch="auto"``: this rank's largest micro-batch, gathered from every rank."""
-        from .memory_probe import probe_micro_batch
-
-        high = self.world_size * batch_size
-        own, error = 0, None
-        try:
-            own = probe_micro_batch(self.module, self.device, dataset, collate_fn, 1, high, self.autocast)
-            if own == 0:
-                error = ValueError(f"rank {self.rank} ({self.device}) cannot train even one sample of the longest "
-                                   "kind in its memory (max_micro_batch='auto'): use a smaller max_length or "
-                                   "model, lower precision, or another device")
-        except BaseException as exc:  # noqa: BLE001 - the others must hear of it (gather_caps re-raises)
-            error = exc
-        caps = self._runtime.gather_caps(own, error)
-        if self.config.verbose and self.is_main:
-            print(f"flodl-hf: memory probe: largest micro-batch per rank {caps} (of {high} samples per step); "
-                  "El Che keeps every rank at or below its cap", flush=True)
+        if self._resume_steps is not None:
+            self.resume_from(self._resume_steps)
 
     def steps_per_epoch(self) -> int:
         """Optimizer-independent count of micro-batches every rank runs per epoch."""
@@ -294,6 +282,14 @@ class Graph:
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ValueError(f"epochs={epochs!r} is invalid: use an integer >= 1")
         return self.steps_per_epoch() * epochs
+
+    def steps_remaining(self, epochs: int) -> int:
+        """Micro-steps still to run, from the current position (e.g. a loaded checkpoint's) to the end of
+        ``epochs`` epochs, on this world size: after a resume on another device count, the remaining length of an
+        LR schedule (``flodl_hf.position``)."""
+        self.total_steps(epochs)  # validates epochs and data
+        return steps_left(self._resume or self._at, epochs, len(self._dataset), self.world_size * self._batch_size,
+                          self.config.drop_last)
 
     def _require_data(self) -> None:
         if self._dataset is None:
@@ -387,30 +383,30 @@ class Graph:
             raise ValueError(f"dataset of {total} samples is smaller than one global batch of {global_batch} "
                              f"({self.world_size} rank(s) x batch_size {self._batch_size}): lower batch_size or "
                              "pass drop_last=False in DdpConfig")
-        start = self._resume_start(n)
-        if start is None:
+        seg = segment(n, self._resume, total, global_batch, self.config.drop_last)
+        if seg is None:
             return  # finished before the checkpoint
         self._resume = None
         perm = epoch_permutation(total, self._seed + n)
         if self._lengths is not None:
             perm = length_grouped(perm, self._lengths, LENGTH_GROUP * self._batch_size)
         runtime = self._runtime
-        partial_last = total % global_batch != 0 and not self.config.drop_last
         if not self._pending:
-            self._epoch_index, self._done_in_epoch = n, start
+            self._at = seg.position(0)
         drawn: list[int] = []
         finished = False
         try:
-            for k in range(start, steps):
-                # The epoch's last step closes a window; a partial last step (drop_last=False) is a window of
-                # its own, so every window's micro-batches have one size per rank (exact weighting).
-                window_end = k == steps - 1 or (partial_last and k == steps - 2)
+            for j in range(seg.steps):
+                # Positions [seg.start, seg.end) in steps of the global batch (flodl_hf.position); the last step
+                # closes a window, and a partial last step is a window of its own (exact weighting).
+                cut = dict(start=seg.start, end=seg.end)
                 if runtime is not None:
                     indices, padding = runtime.draw(
-                        lambda sizes, k=k: rank_slice(perm, k, global_batch, sizes, self.rank))
+                        lambda sizes, j=j: rank_slice(perm, j, global_batch, sizes, self.rank, **cut))
                 else:
-                    indices, padding = rank_slice(perm, k, global_batch, [self._batch_size], 0)
-                self._pending.append((n, k, len(indices) - padding, window_end))
+                    indices, padding = rank_slice(perm, j, global_batch, [self._batch_size], 0, **cut)
+                k = seg.first_step + j
+                self._pending.append((n, k, len(indices) - padding, seg.window_end(j), seg.position(j + 1)))
                 drawn.append(k)
                 yield indices
             finished = True
@@ -418,14 +414,11 @@ class Graph:
             if not finished:
                 self._forget_unstepped(n, set(drawn))
 
-    def _resume_start(self, n: int) -> Optional[int]:
-        """The first step of epoch ``n`` still to run after a checkpoint (None: the epoch was already done)."""
-        if self._resume is None:
-            return 0
-        resume_epoch, done = self._resume
-        if n < resume_epoch:
-            return None
-        return done if n == resume_epoch else 0
+    def _steps_left_in(self, n: int) -> int:
+        """Steps of epoch ``n`` still to run (0: the epoch was already done before a loaded checkpoint)."""
+        self._require_data()
+        seg = segment(n, self._resume, len(self._dataset), self.world_size * self._batch_size, self.config.drop_last)
+        return 0 if seg is None else seg.steps
 
     def _forget_unstepped(self, n: int, drawn: set) -> None:
         """An iterator abandoned mid-epoch: its drawn steps that were never stepped will never be."""
@@ -439,14 +432,35 @@ class Graph:
     # --- checkpoints --------------------------------------------------------------------------------------
     def position(self) -> tuple[int, int]:
         """(epoch, micro-batches of it finished) — where a checkpoint taken now would resume."""
-        return (self._epoch_index or 0, self._done_in_epoch)
+        at = self.epoch_position()
+        return (at.epoch, at.steps)
 
-    def resume_from(self, position: Sequence[int]) -> None:
-        """Make the next ``graph.epoch(n)`` calls skip what was done before ``position`` (used by checkpoints)."""
-        epoch, done = int(position[0]), int(position[1])
-        self._resume = (epoch, done)
-        self._epoch_index, self._done_in_epoch = epoch, done
+    def epoch_position(self) -> EpochPosition:
+        """Where a checkpoint taken now would resume, in samples of the epoch's permutation (``flodl_hf.position``):
+        what lets a run continue the epoch on another number of devices."""
+        if self._at is not None:
+            return self._at
+        if self._dataset is None:
+            epoch, steps = self._resume_steps or (0, 0)
+            return EpochPosition(epoch, steps, 0, 0)
+        return segment(0, None, len(self._dataset), self.world_size * self._batch_size,
+                       self.config.drop_last).position(0)  # type: ignore[union-attr]
+
+    def resume_from(self, position: "Sequence[int] | EpochPosition") -> None:
+        """Make the next ``graph.epoch(n)`` calls skip what was done before ``position`` (used by checkpoints): an
+        :class:`~flodl_hf.position.EpochPosition`, or ``(epoch, steps done)`` on this graph's world size."""
         self._pending.clear()
+        if not isinstance(position, EpochPosition):
+            if self._dataset is None:  # read once set_data_loader knows the epoch's length
+                self._resume_steps = (int(position[0]), int(position[1]))
+                self._resume = self._at = None
+                if self._runtime is not None:
+                    self._runtime.reset_plan()
+                return
+            position = EpochPosition.from_steps(position, len(self._dataset), self.world_size * self._batch_size,
+                                                self.config.drop_last)
+        self._resume_steps = None
+        self._resume = self._at = position
         if self._runtime is not None:
             self._runtime.reset_plan()
 
@@ -483,5 +497,4 @@ class EpochPlan:
         return self._graph._plan_indices(self.epoch)
 
     def __len__(self) -> int:
-        start = self._graph._resume_start(self.epoch)
-        return 0 if start is None else max(0, self._graph.steps_per_epoch() - start)
+        return self._graph._steps_left_in(self.epoch)

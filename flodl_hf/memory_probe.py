@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
-__all__ = ["largest_fitting", "probe_batch", "probe_micro_batch", "OUT_OF_MEMORY", "PROBE_ROWS"]
+__all__ = ["largest_fitting", "probe_batch", "probe_micro_batch", "probe_graph_caps", "OUT_OF_MEMORY", "PROBE_ROWS"]
 
 #: The exception class that means "does not fit" (CUDA allocators raise it; tests raise it to stand in for one).
 OUT_OF_MEMORY: type = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
@@ -143,3 +143,24 @@ def probe_micro_batch(module: torch.nn.Module, device: torch.device, dataset: Se
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state(cuda_rng, device)
+
+
+def probe_graph_caps(graph: Any, dataset: Sequence[Any], batch_size: int,
+                     collate: Optional[Callable[[list], Any]]) -> list[int]:
+    """``max_micro_batch="auto"`` for a set-up Graph on N ranks: this rank's largest micro-batch (up to the global
+    batch), gathered from every rank by its runtime (which keeps them for El Che). Every rank must call it."""
+    high = graph.world_size * batch_size
+    own, error = 0, None
+    try:
+        own = probe_micro_batch(graph.module, graph.device, dataset, collate, 1, high, graph.autocast)
+        if own == 0:
+            error = ValueError(f"rank {graph.rank} ({graph.device}) cannot train even one sample of the longest "
+                               "kind in its memory (max_micro_batch='auto'): use a smaller max_length or model, "
+                               "lower precision, or another device")
+    except BaseException as exc:  # noqa: BLE001 - the others must hear of it (gather_caps re-raises)
+        error = exc
+    caps = graph._runtime.gather_caps(own, error)
+    if graph.config.verbose and graph.is_main:
+        print(f"flodl-hf: memory probe: largest micro-batch per rank {caps} (of {high} samples per step); "
+              "El Che keeps every rank at or below its cap", flush=True)
+    return caps

@@ -93,7 +93,8 @@ def test_interrupted_then_resumed_run_reproduces_every_loss(work, uninterrupted,
     assert [r["step"] for r in metrics["resumed"]] == [4]
     assert not checkpoint_dir.exists()  # removed once the output directory is written
     card = ModelCard.load(out / "README.md")
-    assert "| resumed | yes, from step 4 (checkpoint) |" in card.text
+    assert "| resumed | yes, from step 4 (checkpoint, 1 -> 1 device(s)) |" in card.text
+    assert metrics["resumed"][0]["world_size_before"] == metrics["resumed"][0]["world_size_after"] == 1
 
 
 def _env() -> dict:
@@ -251,10 +252,11 @@ def test_check_plan_names_the_setting_that_changed():
             "seed": 0, "train_rows": 100, "eval_rows": None, "max_length": 64, "batch_size": 16, "world_size": 2,
             "epochs": 1, "warmup_ratio": None, "precision": "fp32", "lr": 5e-5}
     check_plan(plan, dict(plan, lr=1e-5, world_size=None), "ckpt")  # the LR may change; world size unknown yet
+    check_plan(plan, dict(plan, world_size=3), "ckpt")  # so may the device count (elastic resume)
     for key, value, expected in (("batch_size", 8, "--batch-size 16 but this run has 8"),
-                                 ("world_size", 1, "--devices (number of devices) 2 but this run has 1"),
                                  ("labels", ["a", "c"], "--labels a,b but this run has a,c"),
-                                 ("model", "/other", "--model /m but this run has /other")):
+                                 ("model", "/other", "--model /m but this run has /other"),
+                                 ("group_by_length", True, "--group-by-length False but this run has True")):
         with pytest.raises(ResumeError, match=expected.replace("(", r"\(").replace(")", r"\)")):
             check_plan(plan, dict(plan, **{key: value}), "ckpt")
 

@@ -15,7 +15,7 @@ data progressively, runs El Che, and has the replicas averaged per ``ApplyPolicy
 - ``rounds``: CPU-backend rounds and the averager thread; ``slots``: their shared-memory slots; ``allreduce``:
   the collective backend's bucketed averages; ``state``: flat views of a model; ``guard``: divergence guard + anchor
 - ``step``: one training step and the global-step schedule; ``data``: the dataset sent once, the default collate
-- ``epochs``: per-epoch metrics; ``checkpoint``: atomic files; ``progress``: tqdm; ``timeline``: plot a run
+- ``epochs``: per-epoch metrics; ``checkpoint``: atomic files; ``resume``: ``.resume_from`` (any worker count); ``progress``: tqdm; ``timeline``: plot a run
 """
 
 from __future__ import annotations

@@ -162,6 +162,16 @@ class DdpBuilder:
             self._s.checkpoint_every = 1
         return self._set(checkpoint_fn=fn)
 
+    def resume_from(self, path: Any) -> "DdpBuilder":
+        """Continue a run from one of its checkpoints (a file ``.checkpoint_fn`` wrote), on any number of devices.
+
+        Builder checkpoints are written at epoch ends, so the run continues at the next epoch with every worker
+        starting from the checkpoint's averaged model, and the LR schedule at the global step it had reached.
+        Optimizer state and El Che's calibration are not carried (fresh optimizers; El Che recalibrates on the
+        new devices). The dataset, batch size, model and ``num_epochs`` must be the run's. See
+        ``flodl_hf.builder.resume``."""
+        return self._set(resume_from=path)
+
     def epoch_fn(self, fn: Callable[[int, Any], None]) -> "DdpBuilder":
         """``fn(epoch, model)``, called on every worker before its first batch of each epoch (picklable)."""
         return self._set(epoch_fn=fn)
@@ -205,6 +215,12 @@ class DdpBuilder:
         from .step import Recipe
 
         world = len(devices)
+        point = None
+        if s.resume_from is not None:
+            from .resume import load_resume_point
+
+            point = load_resume_point(s.resume_from, len(s.dataset), int(s.batch_size), int(s.num_epochs))
+        s.resume_point = point
         recipe = Recipe(
             model_factory=s.model_factory,
             optim_factory=s.optim_factory,
@@ -217,6 +233,8 @@ class DdpBuilder:
             epoch_fn=s.epoch_fn,
             max_grad_norm=None if s.max_grad_norm is None else float(s.max_grad_norm),
             lr_scale=1.0 + (world - 1) * float(s.lr_scale_ratio),
+            initial_state=None if point is None else dict(point.state),
+            start_step=0 if point is None else point.start_step,
         )
         if world == 1:
             from .local import LocalRunner

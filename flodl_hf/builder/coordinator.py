@@ -26,6 +26,7 @@ from typing import Any, Optional
 from ..distributed.context import DistributedError
 from .board import Plan
 from .checkpoint import write_checkpoint
+from .resume import first_epoch as _first_epoch, resume_meta
 from .epochs import EpochBook
 from .guard import AnchorControl, DivergenceGuard
 from .inbox import Inbox
@@ -85,11 +86,13 @@ class Coordinator:
         self.pool = WorkPool(
             len(s.dataset), int(s.batch_size), int(s.num_epochs), self.world, equal_split=self.sync,
             slice_weights=None if (self.sync or self.progressive) else self._slice_weights,
+            first_epoch=_first_epoch(s),
         )
         self.overshoot: Optional[int] = s.resolved_max_overshoot()
         self.overshoot_auto = s.max_overshoot is None
         self.overshoot_ceiling = s.max_overshoot_ceiling()
-        self.book = EpochBook(int(s.num_epochs), self.pool.batches_per_epoch, self.world, self.devices)
+        self.book = EpochBook(int(s.num_epochs), self.pool.batches_per_epoch, self.world, self.devices,
+                              first_epoch=_first_epoch(s))
         self.cpu_rounds = CpuRounds(float(s.round_timeout_s))
         self.averager: Optional[Averager] = None
         self.averaging = False  # a closed CPU round is being averaged (the next plan waits for it)
@@ -98,7 +101,7 @@ class Coordinator:
         self.plan: Optional[Plan] = None
         self.plan_deferred = False
         self.rounds = 0
-        self.global_step = 0
+        self.global_step = 0 if s.resume_point is None else int(s.resume_point.start_step)
         self.divergence: Optional[float] = None
         self.ended: set[int] = set()
         self.unsent = [0] * self.world  # batches run since the rank's last snapshot (CPU backend)
@@ -533,6 +536,7 @@ class Coordinator:
                 rounds=self.rounds,
                 el_che=self.anchor.el.state_dict(),
                 lost_ranks=self.lost,
+                **resume_meta(self.s, self.world),
             )
         self.pending_ckpt = keep
 
@@ -549,6 +553,7 @@ class Coordinator:
             el_che=self.anchor.el.state_dict(),
             lost_batches=dict(self.lost_batches),
             global_step=self.global_step,
+            resumes=resume_meta(self.s, self.world)["resumes"],
         )
         self.stopping = True
 

@@ -34,13 +34,14 @@ class EpochBook:
         world: int,
         devices: list[str],
         start: Optional[float] = None,
+        first_epoch: int = 0,
     ) -> None:
         self.num_epochs = num_epochs
         self.batches_per_epoch = batches_per_epoch
         self.world = world
         self.devices = list(devices)
         self._epochs = [_Epoch(world) for _ in range(num_epochs)]
-        self._next = 0
+        self._next = int(first_epoch)  # a resumed run reports from the epoch after its checkpoint's
         self._last_done = time.perf_counter() if start is None else start
 
     def restart_clock(self, now: Optional[float] = None) -> None:

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from .checkpoint import write_checkpoint
+from .resume import first_epoch, resume_meta
 from .epochs import EpochBook
 from .progress import ProgressBar
 from .settings import BuilderSettings
@@ -55,8 +56,8 @@ class LocalRunner:
         speed = float(s.simulate_speeds[0]) if s.simulate_speeds is not None else 1.0
         rep = build_replica(self.recipe, torch.device(self.devices[0]), speed=speed)
         pool = WorkPool(len(s.dataset), int(s.batch_size), int(s.num_epochs), 1, equal_split=True)
-        book = EpochBook(int(s.num_epochs), pool.batches_per_epoch, 1, self.devices)
-        for epoch in range(int(s.num_epochs)):
+        book = EpochBook(int(s.num_epochs), pool.batches_per_epoch, 1, self.devices, first_epoch=first_epoch(s))
+        for epoch in range(first_epoch(s), int(s.num_epochs)):
             for b in range(pool.batches_per_epoch):
                 if self.cancelled:
                     raise RuntimeError("the builder run was cancelled")
@@ -74,6 +75,7 @@ class LocalRunner:
                         rounds=0,
                         el_che=None,
                         lost_ranks=[],
+                        **resume_meta(s, 1),
                     )
                 self.history.append(m)
                 bar.update(m)
@@ -81,7 +83,8 @@ class LocalRunner:
                     s.metrics_fn(m)
                 self.metrics.put(m)
         self.result = TrainedState(
-            self._state(rep.model), world_size=1, devices=self.devices, epochs=int(s.num_epochs)
+            self._state(rep.model), world_size=1, devices=self.devices, epochs=int(s.num_epochs),
+            resumes=resume_meta(s, 1)["resumes"],
         )
 
     @staticmethod

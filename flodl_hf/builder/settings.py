@@ -88,6 +88,10 @@ class BuilderSettings:
     timeout_s: Any = 60.0
     round_timeout_s: Any = 5.0
     start_method: Any = "spawn"
+    resume_from: Any = None
+    """A builder checkpoint to continue from (``flodl_hf.builder.resume``), on any number of devices."""
+    resume_point: Any = None
+    """Set by ``run()``: the checked checkpoint (a ``ResumePoint``)."""
 
     def resolved_devices(self) -> list[str]:
         """The device list: the setting, else every visible GPU, else one CPU ("cuda" means "cuda:0")."""

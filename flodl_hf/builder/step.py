@@ -41,6 +41,10 @@ class Recipe:
     epoch_fn: Optional[Callable[[int, torch.nn.Module], None]] = None
     max_grad_norm: Optional[float] = None
     lr_scale: float = 1.0
+    initial_state: Optional[dict] = None
+    """A resumed run's averaged model (``flodl_hf.builder.resume``), loaded after ``model_factory``."""
+    start_step: int = 0
+    """The global step a resumed run starts at: the LR schedule is advanced there."""
 
 
 def to_device(obj: Any, device: torch.device) -> Any:
@@ -216,5 +220,13 @@ def build_replica(recipe: Recipe, device: torch.device, *, speed: float = 1.0) -
     if recipe.lr_scale != 1.0:
         for group in optimizer.param_groups:
             group["lr"] = group["lr"] * recipe.lr_scale
+    if recipe.initial_state is not None:
+        try:
+            model.load_state_dict(recipe.initial_state)
+        except RuntimeError as exc:
+            raise ValueError(f"the checkpoint given to .resume_from does not fit the model model_factory builds "
+                             f"({str(exc).splitlines()[0]}): resume with the same model") from exc
     scheduler = recipe.scheduler(optimizer) if recipe.scheduler is not None else None
-    return Replica(recipe, model, optimizer, scheduler, device, speed, target=target)
+    replica = Replica(recipe, model, optimizer, scheduler, device, speed, target=target)
+    replica.schedule.advance_to(recipe.start_step)
+    return replica

@@ -107,6 +107,7 @@ class TrainedState:
         el_che: Optional[dict[str, Any]] = None,
         lost_batches: Optional[dict[int, int]] = None,
         global_step: int = 0,
+        resumes: Optional[list] = None,
     ) -> None:
         self._state = OrderedDict((k, v.detach().to("cpu")) for k, v in state.items())
         self.lost_batches = dict(lost_batches or {})
@@ -119,6 +120,9 @@ class TrainedState:
         self.rounds = int(rounds)
         self.epochs = int(epochs)
         self.el_che = el_che
+        self.resumes = list(resumes or [])
+        """One dict per resume of this run (``DdpBuilder.resume_from``): checkpoint, epoch it continued at,
+        ``world_size_before`` / ``world_size_after``."""
 
     def state_dict(self) -> "OrderedDict[str, torch.Tensor]":
         """A copy of the averaged state (CPU tensors), loadable with ``model.load_state_dict``."""

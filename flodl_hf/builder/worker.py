@@ -103,7 +103,7 @@ class _Worker:
         self.present: list[bool] = []  # SYNC + CPU backend: which parameters had a gradient in our snapshot
         self.applied = -1  # last round whose average was applied
         self.reload = False  # an average slot was overwritten under us: take the next average as is
-        self.global_step = 0  # batches run by every device, counted at the last average
+        self.global_step = spec.recipe.start_step  # batches run by every device, counted at the last average
         self.sync_ms = 0.0
         self.want_state = False
         self.finished = False

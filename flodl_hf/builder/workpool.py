@@ -27,7 +27,7 @@ class WorkPool:
 
     def __init__(
         self, num_samples: int, batch_size: int, num_epochs: int, world: int, *, equal_split: bool,
-        slice_weights: Optional[Callable[[], list[float]]] = None,
+        slice_weights: Optional[Callable[[], list[float]]] = None, first_epoch: int = 0,
     ) -> None:
         self.batches_per_epoch = num_samples // batch_size
         if self.batches_per_epoch < 1:
@@ -40,7 +40,7 @@ class WorkPool:
         self.slice_weights = slice_weights
         self.own_slices = equal_split or slice_weights is not None
         self.live = set(range(world))
-        self._next_epoch = 0
+        self._next_epoch = int(first_epoch)  # a resumed run starts after its checkpoint's epoch
         self._shared: deque[Batch] = deque()
         self._own: list[deque[Batch]] = [deque() for _ in range(world)]
         self._orphans: deque[Batch] = deque()

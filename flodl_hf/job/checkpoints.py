@@ -13,9 +13,13 @@ rules about the checkpoint directory, kept apart from the engine's file format (
   pickle); a legacy ``checkpoint.pt`` is refused with the ``flodl-hf convert-checkpoint --trust-pickle`` command.
 - A fresh run refuses a directory that already holds a checkpoint (resume it, or pass ``--overwrite``).
 - The job records a *plan* in the checkpoint's ``extra``: every setting that decides which rows, in which order,
-  on how many ranks, through which model. Resuming with any of them changed is refused with one
+  through which model. Resuming with any of them changed is refused with one
   :class:`~flodl_hf.checkpoint.ResumeError` line naming the setting, both values and the fix. The learning rate
   may change on resume (e.g. lower it after a divergence); the output directory and reporting options too.
+- The device count may change (elastic resume, ``flodl_hf.elastic``): ``--devices`` with another number of
+  devices continues the epoch at the same sample, and the warmup/decay schedule is rescaled to the micro-steps
+  that remain on the new devices (``LinearSchedule.continue_over``). Each resume is recorded with the device
+  counts before and after (``metrics.json`` ``resumed``, the model card's "resumed" row).
 - After a successful run the job removes what it wrote there (the checkpoint files, ``runs/``, the directory when
   it created it and it is left empty), unless ``--keep-checkpoint``. It deletes or replaces only what the
   directory's ownership marker records (``flodl_hf.ownership``): a user's files there are never touched.
@@ -47,10 +51,10 @@ RUNS_DIR = "runs"
 PLAN_FLAGS = {
     "model": "--model", "data": "--data", "text_column": "--text-column", "label_column": "--label-column",
     "labels": "--labels", "seed": "--seed", "train_rows": "--train-rows", "eval_rows": "--eval-rows",
-    "max_length": "--max-length", "batch_size": "--batch-size", "world_size": "--devices (number of devices)",
+    "max_length": "--max-length", "batch_size": "--batch-size",
     "epochs": "--epochs", "warmup_ratio": "--warmup-ratio", "precision": "--precision",
     "split": "--split", "eval_data": "--eval-data", "eval_split": "--eval-split", "problem_type": "--problem-type",
-    "text_pair_column": "--text-pair-column", "group_by_length": "--no-group-by-length (length grouping)",
+    "text_pair_column": "--text-pair-column", "group_by_length": "--group-by-length",
 }
 
 
@@ -122,12 +126,10 @@ def _shown(value: Any) -> str:
 
 def check_plan(saved: dict, current: dict, directory: Any) -> None:
     """Raise ResumeError naming the first plan setting that differs (None in ``current`` means unknown yet)."""
-    for key, flag in PLAN_FLAGS.items():
+    for key, flag in PLAN_FLAGS.items():  # the device count is not one of them: it may change (elastic resume)
         was, now = saved.get(key), current.get(key)
-        if key == "world_size" and (now is None or was is None):
-            continue
-        if key == "group_by_length" and was is None:
-            was = False  # written before length grouping existed: its batches were plain shuffled
+        if key == "group_by_length":  # absent: written before length grouping existed (plain shuffled batches)
+            was, now = bool(was), bool(now)
         if was != now:
             raise ResumeError(f"cannot resume from {directory}: it was written with {flag} {_shown(was)} but this "
                               f"run has {_shown(now)}; resume with the same settings, or start afresh without "
@@ -149,7 +151,16 @@ def resume(graph: Any, settings: Any, saved: dict, plan: dict, schedule: Any, sa
 
     check_plan(saved["plan"], plan, settings.resume)
     state = LoopState.from_extra(graph.load_checkpoint(settings.resume))
-    record: dict = {"step": int(graph.training_step), "checkpoint_dir": str(settings.resume)}
+    before = int(saved["plan"].get("world_size") or 1)
+    record: dict = {"step": int(graph.training_step), "micro_batch": len(state.losses),
+                    "checkpoint_dir": str(settings.resume),
+                    "world_size_before": before, "world_size_after": int(graph.world_size)}
+    if saved["plan"].get("devices") is not None:
+        record["devices_before"] = list(saved["plan"]["devices"])
+    if plan.get("devices") is not None:
+        record["devices_after"] = list(plan["devices"])
+    if schedule is not None:
+        schedule.continue_over(graph.steps_remaining(settings.epochs))
     old_lr = saved["plan"].get("lr")
     if old_lr is not None and float(old_lr) != float(settings.lr):
         if schedule is not None:
@@ -159,9 +170,12 @@ def resume(graph: Any, settings: Any, saved: dict, plan: dict, schedule: Any, sa
                 group["lr"] = settings.lr
         record.update(lr=settings.lr, previous_lr=old_lr)
     state.resumes.append(record)
-    epoch, done = graph.position()
-    say(f"flodl-hf: resuming from step {graph.training_step} (epoch {epoch + 1}, {done} steps into it) of "
-        f"{settings.resume}" + (f"; lr {old_lr:g} -> {settings.lr:g}" if "lr" in record else ""))
+    at = graph.epoch_position()
+    devices = "" if before == graph.world_size else (f"; {before} -> {graph.world_size} device(s): epoch "
+                                                     f"{at.epoch + 1} continues at sample {at.samples} of "
+                                                     f"{at.end}, El Che recalibrates")
+    say(f"flodl-hf: resuming from step {graph.training_step} (epoch {at.epoch + 1}, {at.steps} steps into it) of "
+        f"{settings.resume}" + (f"; lr {old_lr:g} -> {settings.lr:g}" if "lr" in record else "") + devices)
     return state
 
 

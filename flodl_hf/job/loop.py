@@ -71,6 +71,9 @@ class LoopOptions:
     """Called on rank 0 with (step, summary) after each evaluation that improves ``metric``."""
     prefetch: int = 2
     """Batches tokenised ahead on a background thread (``graph.epoch(n, prefetch=...)``)."""
+    total_steps: Optional[int] = None
+    """Micro-steps of the whole run, when a resume on another device count made it differ from
+    ``steps_per_epoch * epochs``."""
 
 
 @dataclass
@@ -87,7 +90,8 @@ class LoopState:
     evals_since_best: int = 0
     train_time_s: float = 0.0
     resumes: list = field(default_factory=list)
-    """One dict per resume: the step it continued from, the checkpoint directory, the LR if it changed."""
+    """One dict per resume: the step it continued from, the checkpoint directory, the device counts before and
+    after (``world_size_before`` / ``world_size_after``, and the device names when known), the LR if it changed."""
     stop_reason: str = "completed"
     stopped_at_step: Optional[int] = None
 
@@ -125,7 +129,7 @@ def run_loop(head: Any, graph: Any, state: LoopState, options: LoopOptions, *, p
     ``flodl_hf.job.outputs.ScalarBoard`` or None. Raises :class:`TrainingInterrupted` / :class:`TrainingDiverged`.
     """
     main = graph.is_main
-    total = options.steps_per_epoch * options.epochs
+    total = options.total_steps or options.steps_per_epoch * options.epochs
     last_saved: Optional[int] = None
     started = time.perf_counter()
     base_time = state.train_time_s

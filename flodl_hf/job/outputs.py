@@ -144,6 +144,13 @@ def _tail_mean(values: Sequence[float], n: int = 10) -> float:
     return sum(tail) / len(tail) if tail else float("nan")
 
 
+def _resume_cell(record: dict) -> str:
+    """One resume in the card: ``4 (checkpoint, 2 -> 1 devices)``; records of older runs have no device counts."""
+    before, after = record.get("world_size_before"), record.get("world_size_after")
+    devices = f", {before} -> {after} device(s)" if before is not None and after is not None else ""
+    return f"{record['step']} (checkpoint{devices})"
+
+
 def training_table(metrics: dict) -> dict:
     """The model card's training setup, in display order (everything read from ``metrics``)."""
     settings = metrics["settings"]
@@ -188,8 +195,7 @@ def training_table(metrics: dict) -> dict:
     if metrics.get("stop_reason") and metrics["stop_reason"] != "completed":
         table["stopped"] = metrics["stop_reason"]
     resumed = metrics.get("resumed") or []
-    table["resumed"] = ("no" if not resumed else
-                        "yes, from step " + ", ".join(str(r["step"]) for r in resumed) + " (checkpoint)")
+    table["resumed"] = "no" if not resumed else "yes, from step " + ", ".join(_resume_cell(r) for r in resumed)
     table["training time"] = f"{metrics['train_time_s']:.1f} s"
     table["final loss (mean of last 10 steps)"] = f"{_tail_mean(metrics['train_loss']):.4f}"
     return table

@@ -204,7 +204,10 @@ def _run(settings: TrainSettings, head_cls: Any, sources: "_Sources", started: f
         schedule = LinearSchedule(graph.optimizer, total, float(settings.warmup_ratio))
         graph.set_scheduler(schedule)
     plan["world_size"] = graph.world_size
+    plan["devices"] = [str(d) for d in settings.devices] if settings.devices else [str(graph.device)]
     state = resume(graph, settings, saved, plan, schedule, say) if saved is not None else LoopState()
+    if saved is not None:  # on another device count the remaining epochs have another number of steps
+        total = len(state.losses) + graph.steps_remaining(settings.epochs)
     what = "regression (1 output)" if settings.problem_type == "regression" else \
         f"{settings.problem_type}, {num_labels} labels {train_ds.labels}"
     pairs = f" (pairs: {sources.text_column} + {settings.text_pair_column})" if settings.text_pair_column else ""
@@ -276,7 +279,7 @@ def _train_and_write(settings: TrainSettings, sources: _Sources, head: Any, grap
     options = LoopOptions(epochs=settings.epochs, steps_per_epoch=steps, checkpoint_dir=checkpoint_dir,
                           checkpoint_every=settings.checkpoint_every, eval_every=settings.eval_every,
                           patience=settings.early_stopping_patience, lr=settings.lr, progress=settings.progress,
-                          metric=metric, greater_is_better=greater_is_better(metric),
+                          metric=metric, greater_is_better=greater_is_better(metric), total_steps=total,
                           on_best=(lambda step, summary: best.capture(head.model, step, summary)) if best else None)
     try:
         state = run_loop(head, graph, state, options, plan=plan, board=board, say=say,

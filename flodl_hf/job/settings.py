@@ -86,9 +86,10 @@ class TrainSettings:
     """None: constant LR. A value in [0, 1): linear warmup over that fraction of the steps, then linear decay."""
     progress: bool = True
     """Progress bars (rank 0 only)."""
-    group_by_length: bool = True
-    """Batches of similar text length (``Graph.set_data_loader(lengths=...)``, by characters): little compute goes
-    to padding. False: plain shuffled batches (``--no-group-by-length``)."""
+    group_by_length: bool = False
+    """Batches of similar text length (``--group-by-length``; ``Graph.set_data_loader(lengths=...)``, by
+    characters): little compute goes to padding. Off by default, as in transformers' Trainer: where length
+    correlates with the label, length-sorted runs of batches skew each step's labels (seen on a toy task)."""
     eval_batch_size: int = 64
     checkpoint_every: Optional[int] = None
     """Write a checkpoint every N optimizer steps (None: only on Ctrl-C)."""

@@ -1,0 +1,93 @@
+"""Resuming a builder run from one of its checkpoints, on any number of workers (``DdpBuilder.resume_from``).
+
+It exists because builder checkpoints are written at epoch ends (the averaged model after epoch ``e``), which makes
+resuming simple and independent of the worker count: the run continues at epoch ``e + 1`` with every worker
+starting from the averaged model, whatever the number of workers was before. What is carried and what is not:
+
+- **Carried:** the averaged model (parameters and buffers), loaded into every worker's model after
+  ``model_factory`` built it; the epoch (the next one starts); the LR schedule's position. The schedule follows the
+  *global* step, the batches every device ran, and an epoch is ``len(dataset) // batch_size`` batches whatever the
+  worker count, so the schedule continues at ``(e + 1) * batches_per_epoch`` exactly as the run would have.
+- **Not carried:** optimizer state (a builder checkpoint holds the averaged model only: under CADENCE and ASYNC
+  each worker's optimizer state is its own and there is no single right one to hand to a different set of workers;
+  under SYNC they are equal but are not written either). Every worker starts a fresh optimizer, as at the start of
+  a run, so momentum-type optimizers warm up again. El Che's state is not carried either: it restarts from
+  ``.anchor(n)`` and calibrates on the new devices. Per-epoch metrics of the epochs before the checkpoint are
+  not replayed (``next_metrics`` starts at epoch ``e + 1``).
+
+The dataset length and batch size must match the checkpoint's when it records them (checkpoints written before
+this feature do not); a checkpoint of the run's last epoch (or later) leaves nothing to resume and is refused with
+the fix (raise ``num_epochs``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ResumePoint", "load_resume_point", "first_epoch", "resume_meta"]
+
+
+@dataclass
+class ResumePoint:
+    """Where a resumed builder run starts: ``first_epoch``, with ``state`` (the averaged model) on every worker
+    and the LR schedule at global step ``start_step``."""
+
+    path: str
+    first_epoch: int
+    start_step: int
+    state: Any
+    world_size_before: int
+    resumes: list
+
+    def record(self, world_size: int) -> dict:
+        """The JSON-able record of this resume (kept in later checkpoints and on ``TrainedState.resumes``)."""
+        return {"checkpoint": self.path, "epoch": self.first_epoch, "world_size_before": self.world_size_before,
+                "world_size_after": int(world_size)}
+
+
+def load_resume_point(path: Any, num_samples: int, batch_size: int, num_epochs: int) -> ResumePoint:
+    """Read the builder checkpoint at ``path`` and check it fits this run; ValueError naming the problem and fix."""
+    from .checkpoint import read_checkpoint
+
+    where = os.fspath(path)
+    if not os.path.isfile(where):
+        raise ValueError(f"resume_from={where!r} is not a file: pass the path of a checkpoint written by "
+                         ".checkpoint_fn(fn) (fn(epoch) -> path)")
+    try:
+        ckpt = read_checkpoint(where)
+    except ValueError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same one-line answer
+        raise ValueError(f"resume_from={where!r} is unreadable ({type(exc).__name__}: {exc}): pass a checkpoint "
+                         "written by .checkpoint_fn(fn)") from exc
+    epoch = ckpt.get("epoch")
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        raise ValueError(f"resume_from={where!r} records no epoch (epoch={epoch!r}): pass a checkpoint written "
+                         "by .checkpoint_fn(fn)")
+    for key, now in (("samples", num_samples), ("batch_size", batch_size)):
+        was = ckpt.get(key)
+        if was is not None and int(was) != int(now):
+            raise ValueError(f"resume_from={where!r} was written with {key} {was} but this run has {now}: resume "
+                             f"with the same dataset and batch size, or start afresh without .resume_from")
+    if epoch + 1 >= int(num_epochs):
+        raise ValueError(f"resume_from={where!r} is the checkpoint of epoch {epoch}, and num_epochs={num_epochs} "
+                         f"ends there: nothing is left to train; raise .num_epochs(n) above {epoch + 1} to continue")
+    return ResumePoint(path=where, first_epoch=epoch + 1, start_step=(epoch + 1) * (num_samples // batch_size),
+                       state=ckpt["model"], world_size_before=int(ckpt.get("world_size") or 1),
+                       resumes=list(ckpt.get("resumes") or []))
+
+
+def first_epoch(settings: Any) -> int:
+    """The first epoch a run trains: 0, or the one after a resumed checkpoint's."""
+    point = getattr(settings, "resume_point", None)
+    return 0 if point is None else int(point.first_epoch)
+
+
+def resume_meta(settings: Any, world_size: int) -> dict:
+    """What a checkpoint records so that it can be resumed and its history kept: the dataset length and batch size
+    it was written with, and every resume of the run so far (JSON-able)."""
+    point = getattr(settings, "resume_point", None)
+    resumes = [] if point is None else [*point.resumes, point.record(world_size)]
+    return {"samples": len(settings.dataset), "batch_size": int(settings.batch_size), "resumes": resumes}
