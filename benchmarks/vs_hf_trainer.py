@@ -106,6 +106,7 @@ def run_flodl(data: dict, args: argparse.Namespace, out: Path) -> dict:
         "--precision",
         args.precision,
         "--no-progress",
+        *(["--group-by-length"] if args.group_by_length else []),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -225,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu or cuda:0 (one device; the Trainer gets the same)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--group-by-length", action="store_true",
+                   help="flodl-hf train --group-by-length (the Trainer keeps its default, group_by_length=False)")
     p.add_argument("--output", default=None, help="directory for table.md and results.json")
     p.add_argument("--child-trainer", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -270,7 +273,9 @@ def _table(rounds: list[dict], args: argparse.Namespace) -> str:
 
     lines = [
         f"{args.train_rows} training rows, {args.eval_rows} held out, batch {args.batch_size}, max length "
-        f"{args.max_length}, 1 epoch, {args.device} {args.precision}; median of {len(rounds)} alternating rounds",
+        f"{args.max_length}, 1 epoch, {args.device} {args.precision}"
+        f"{', flodl-hf with --group-by-length' if args.group_by_length else ''}; median of {len(rounds)} alternating "
+        "rounds",
         "",
         "| job | s/step | held-out accuracy | tokenisation before training (s) |",
         "|---|---|---|---|",
