@@ -145,3 +145,29 @@ def test_anchor_rule_and_noise_input_validation():
     with pytest.raises(ValueError, match=r"rho=-1.0 is invalid"):
         goodput(2, 1.0, -1.0)
     assert overhead_anchor(1, 0.5, 0.1, 1, 8) == 5
+
+
+class _Holder:
+    """What the job's outputs read from a graph: its El Che."""
+
+    def __init__(self, el_che: ElChe) -> None:
+        self._el_che = el_che
+
+    def el_che(self) -> ElChe:
+        return self._el_che
+
+
+def test_metrics_json_and_tensorboard_figures_of_a_goodput_run():
+    from flodl_hf.job.outputs import el_che_info, el_che_scalars
+
+    che = ElChe(2, batch_size=16)
+    _run(che, 12, compute_per_micro=100.0, sync=100.0, noise_scale=32 * 30)
+    info = el_che_info(_Holder(che))
+    assert info["anchor_rule"] == "goodput" and info["overhead_target"] is None
+    assert info["anchor_changes"][0] == [0, 1] and info["anchor_changes"][-1][1] == che.anchor > 1
+    assert info["noise_scale"] == pytest.approx(960.0) and 0 < info["efficiency"] < 1
+    json.dumps(info)
+    scalars = el_che_scalars(_Holder(che))
+    assert scalars == {"el_che/anchor": float(che.anchor), "el_che/noise_scale": pytest.approx(960.0),
+                       "el_che/efficiency": pytest.approx(che.efficiency)}
+    assert el_che_scalars(_Holder(ElChe(2, batch_size=16))) == {"el_che/anchor": 1.0}
