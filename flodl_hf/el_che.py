@@ -435,9 +435,9 @@ class ElChe:
                 if compute > 0 and sync_ms > 0 and self._mode == "setup":
                     self._overheads.append(sync_ms * n_micro / compute)
                     if len(self._overheads) >= _OVERHEAD_MIN:
-                        self._anchor = combined_anchor(self._anchor, statistics.median(self._overheads),
-                                                       self._noise.rho(_NOISE_MIN), tau, self._min_anchor, self._max_anchor,
-                                                       self._anchor_rule)
+                        o1, rho = statistics.median(self._overheads), self._noise.rho(_NOISE_MIN)
+                        self._anchor = combined_anchor(self._anchor, o1, rho, tau, self._min_anchor,
+                                                       self._max_anchor, self._anchor_rule)
                 elif compute > 0 and sync_ms > 0 and tau is not None:  # builder: tau is always set
                     ov = sync_ms / compute
                     if ov > tau:

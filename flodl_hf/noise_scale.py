@@ -172,7 +172,8 @@ class WindowNoise:
         if not all(given):
             raise ValueError("grad_sq, grad_items and reduced_grad_sq go together: pass all three or none")
         if len(grad_sq) != world or len(grad_items) != world:  # type: ignore[arg-type]
-            raise ValueError(f"grad_sq and grad_items have {len(grad_sq)} and {len(grad_items)} entries: "  # type: ignore[arg-type]
+            counts = (len(grad_sq), len(grad_items))  # type: ignore[arg-type]
+            raise ValueError(f"grad_sq and grad_items have {counts[0]} and {counts[1]} entries: "
                              f"pass one value per rank ({world})")
         if self.scale.update(grad_sq, grad_items, reduced_grad_sq):  # type: ignore[arg-type]
             self.micro_items = float(sum(grad_items)) / micro_batches  # type: ignore[arg-type]

@@ -171,3 +171,21 @@ def test_metrics_json_and_tensorboard_figures_of_a_goodput_run():
     assert scalars == {"el_che/anchor": float(che.anchor), "el_che/noise_scale": pytest.approx(960.0),
                        "el_che/efficiency": pytest.approx(che.efficiency)}
     assert el_che_scalars(_Holder(ElChe(2, batch_size=16))) == {"el_che/anchor": 1.0}
+
+
+def test_ddp_config_anchor_rule_and_simulate_sync():
+    from flodl_hf.config import DdpConfig
+
+    cfg = DdpConfig()
+    assert cfg.anchor_rule == "goodput" and cfg.overhead_target is None
+    kwargs = cfg.el_che_kwargs(2, 16)
+    assert kwargs["anchor_rule"] == "goodput" and kwargs["overhead_target"] is None
+    assert ElChe(2, batch_size=16, **kwargs).overhead_target is None
+    old = DdpConfig(anchor_rule="throughput")
+    assert ElChe(2, batch_size=16, **old.el_che_kwargs(2, 16)).overhead_target == 0.1
+    with pytest.raises(ValueError, match=r"DdpConfig.anchor_rule='fastest' is invalid: use one of goodput, throughput"):
+        DdpConfig(anchor_rule="fastest")
+    with pytest.raises(ValueError, match=r"DdpConfig.simulate_sync=-1 is invalid"):
+        DdpConfig(simulate_sync=-1)
+    with pytest.raises(ValueError, match=r"DdpConfig.overhead_target=0.9 is invalid"):
+        DdpConfig(overhead_target=0.9)

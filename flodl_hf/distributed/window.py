@@ -10,7 +10,8 @@ moves ``d * grad`` into the window's buckets, ``d`` being what that micro-batch'
 rank 0, one optimizer step, the LR scheduler advanced by the window's micro-steps, and an identical El Che update.
 
 Every exchange starts with the same fixed-shape metadata region (timings, sample counts, loss denominators, the
-squared norm of the rank's own window gradient for the gradient-noise estimate, window index, a status flag, the user's stop flags, the data-plan frontier, per-parameter presence and ``requires_grad``):
+squared norm of the rank's own window gradient for the gradient-noise estimate, window index, a status flag, the
+user's stop flags, the data-plan frontier, per-parameter presence and ``requires_grad``):
 on CPU ranks it is the head of the first gradient bucket, so it costs no collective of its own; beside NCCL it goes
 over a gloo side group, which notices a vanished peer at once. Because a window end, a finished loop and a failed
 rank all send the same shape, ranks that disagree are told why (one failed, one finished early, one skipped a step)

@@ -20,7 +20,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-__all__ = ["ScalarBoard", "require_tensorboard", "el_che_info", "el_che_scalars", "anchor_changes", "build_metrics", "training_table",
+__all__ = ["ScalarBoard", "require_tensorboard", "el_che_info", "el_che_scalars", "anchor_changes", "build_metrics",
+           "training_table",
            "write_outputs", "policy_name"]
 
 
