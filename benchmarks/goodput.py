@@ -13,7 +13,7 @@ rounds, for two cases:
    link. Met when goodput reaches the target sooner than the anchor-1 run.
 
 The default size is issue 15's: 20 steps of 2 x 16 samples (640 rows, one epoch), 200 held-out rows, max length 32,
-target 0.60 held-out accuracy, 3 rounds; about 25-40 min on a quiet 4-core machine. ``--steps 6 --eval-samples 40
+target 0.60 held-out accuracy, 3 rounds; about 15-25 min (estimated from the smoke run: 18 runs of ~50 s). ``--steps 6 --eval-samples 40
 --repeats 1`` is a smoke run of a few minutes. Evaluations (off the clock) every ``--eval-every`` micro-steps.
 
 Usage: ``python benchmarks/goodput.py [--output DIR] [--steps 20] [--repeats 3] [--target 0.6] [--sync-stretch 0.5]``
