@@ -135,8 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     multi = train.add_argument_group("several devices (El Che)")
     multi.add_argument("--speed-hint", type=argtypes.speed_hint, default=None, metavar="RANK:RATIO",
                        help="RANK is RATIO (>= 1) times slower than the others; seeds El Che's split until measured")
-    multi.add_argument("--overhead-target", type=argtypes.overhead, default=0.10, metavar="F",
-                       help="El Che's ceiling of synchronisation / compute time, in [0.01, 0.5] (0.1)")
+    multi.add_argument("--overhead-target", type=argtypes.overhead, default=None, metavar="F",
+                       help="ceiling of synchronisation / compute time, in [0.01, 0.5]: El Che lengthens its window "
+                            "until sync fits (default: none with the goodput rule, 0.1 with the throughput rule)")
+    multi.add_argument("--anchor-rule", choices=("goodput", "throughput"), default="goodput",
+                       help="how El Che sizes its window: goodput (throughput x statistical efficiency from the "
+                            "gradient noise scale; default) or throughput (fewest syncs meeting --overhead-target)")
     multi.add_argument("--fixed-anchor", type=argtypes.int_at_least(1), default=None, metavar="A",
                        help="average exactly A micro-steps per optimizer step (a constant effective batch of "
                             "A x devices x batch size); default: El Che adapts A")
@@ -212,7 +216,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
                          keep_checkpoint=args.keep_checkpoint, resume=args.resume, eval_every=args.eval_every,
                          early_stopping_patience=args.early_stopping_patience, report_to=args.report_to,
                          speed_hint=args.speed_hint, overhead_target=args.overhead_target,
-                         fixed_anchor=args.fixed_anchor, max_micro_batch=args.max_micro_batch)
+                         anchor_rule=args.anchor_rule, fixed_anchor=args.fixed_anchor, max_micro_batch=args.max_micro_batch)
 
 
 def run_train(args: Any) -> dict:

@@ -10,9 +10,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-__all__ = ["DdpConfig", "PRECISIONS", "DEVICES_ENV", "NO_LAUNCH_ENV"]
+__all__ = ["DdpConfig", "PRECISIONS", "ANCHOR_RULES", "DEVICES_ENV", "NO_LAUNCH_ENV"]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+ANCHOR_RULES = ("goodput", "throughput")
 #: Comma-separated device list (e.g. ``cpu,cpu``) used when ``DdpConfig.devices`` is not given.
 DEVICES_ENV = "FLODL_HF_DEVICES"
 #: Set to ``1`` to stop ``Trainer.setup*`` from starting the other ranks itself.
@@ -62,8 +63,15 @@ class DdpConfig:
     seed: int = 0
     """Seed for data shuffling (permutation of epoch n uses ``seed + n``)."""
 
-    overhead_target: float = 0.10
-    """El Che's wanted ceiling of synchronisation time / compute time, in [0.01, 0.5]."""
+    overhead_target: Optional[float] = None
+    """Ceiling of El Che's synchronisation time / compute time, in [0.01, 0.5]. With the goodput rule it is a
+    floor on the window that goodput may exceed (None, the default: no ceiling, goodput alone decides); with the
+    throughput rule it is the target (None: 0.10). See ``flodl_hf.goodput``."""
+
+    anchor_rule: str = "goodput"
+    """How El Che chooses its window: ``goodput`` (throughput x statistical efficiency from the online gradient
+    noise scale) or ``throughput`` (the smallest window whose sync overhead meets ``overhead_target``; the rule
+    before issue 15)."""
 
     anchor: Optional[int] = None
     """Initial El Che window length in micro-batches (default 1)."""
@@ -100,6 +108,11 @@ class DdpConfig:
     """SIMULATION ONLY, for tests and benchmarks: rank r's compute time is stretched to compute / speed_r (the
     host sleeps, as it would wait on a slower GPU). Values in (0, 1]."""
 
+    simulate_sync: Optional[float] = None
+    """SIMULATION ONLY, for tests and benchmarks: a slow interconnect. After each window's reduction every rank
+    sleeps this fraction of its mean compute time per micro-batch (so sync >= ``simulate_sync`` x compute at anchor
+    1, whatever the machine); El Che counts it as synchronisation time. A value >= 0."""
+
     timeout_s: float = 300.0
     """Bound on any collective and on the rendezvous; a failed or vanished rank makes the others raise within it."""
 
@@ -132,7 +145,12 @@ class DdpConfig:
             _check_device_mix(self.devices)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise _bad("seed", self.seed, "use an integer seed")
-        if not (0.01 <= float(self.overhead_target) <= 0.5):
+        if self.anchor_rule not in ANCHOR_RULES:
+            raise _bad("anchor_rule", self.anchor_rule, f"use one of {', '.join(ANCHOR_RULES)}")
+        if self.simulate_sync is not None and not float(self.simulate_sync) >= 0:
+            raise _bad("simulate_sync", self.simulate_sync,
+                       "use a fraction >= 0 of a micro-batch's compute time, e.g. 0.5, or None")
+        if self.overhead_target is not None and not (0.01 <= float(self.overhead_target) <= 0.5):
             raise _bad("overhead_target", self.overhead_target,
                        "use a fraction of compute time in [0.01, 0.5], e.g. 0.10")
         if self.anchor is not None and self.anchor < 1:
@@ -185,6 +203,7 @@ class DdpConfig:
         """The El Che settings of this config for ``world`` ranks of ``batch_size`` (checked here, where the
         message can name the DdpConfig field). ``probed``: the caps ``max_micro_batch="auto"`` found."""
         kwargs: dict = {"anchor": self.anchor, "max_anchor": self.max_anchor, "overhead_target": self.overhead_target,
+                        "anchor_rule": self.anchor_rule,
                         "batch_sizes": list(self.batch_sizes) if self.batch_sizes is not None else None}
         if self.fixed_anchor is not None:
             if self.max_anchor == 0:

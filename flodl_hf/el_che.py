@@ -20,7 +20,12 @@ import numbers
 import statistics
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
+
+from .el_che_split import largest_remainder as _largest_remainder
+from .el_che_split import water_fill as _water_fill
+from .goodput import combined_anchor
+from .noise_scale import WindowNoise
 
 __all__ = ["ElChe", "round_half_up"]
 
@@ -31,8 +36,10 @@ _HISTORY_LEN = 1000  # history entries kept (oldest dropped)
 _CEIL_TOL = 1e-9  # absorbs float noise in ceil(A * ov / tau), e.g. 50.000000000000007 -> 50
 _OVERHEAD_WINDOWS = 5  # setup: per-micro-batch overheads kept for the median
 _OVERHEAD_MIN = 3  # setup: the anchor moves only once this many windows are measured
-_ANCHOR_DEAD_ZONE = 0.07  # setup: about two standard errors of a 5-window median under 5 % timing noise
-_STATE_VERSION = 2  # 2: setup overheads per micro-batch (1: sync / compute at the anchor then)
+_NOISE_MIN = 3  # setup: windows of noise estimate before goodput trusts it
+_ANCHOR_RULES = ("goodput", "throughput")
+_DEFAULT_TAU = 0.10  # builder mode and the throughput rule
+_STATE_VERSION = 3  # 3: gradient noise state; 2: setup overheads per micro-batch (1: sync / compute at anchor)
 
 
 def round_half_up(x: float) -> int:
@@ -54,54 +61,6 @@ def _is_int(v: object) -> bool:
 def _check_int(name: str, value: object, minimum: int, fix: str) -> None:
     if not _is_int(value) or value < minimum:  # type: ignore[operator]
         raise ValueError(f"{name}={value!r} is invalid: {fix}")
-
-
-def _water_fill(weights: Sequence[float], total: int, caps: Sequence[int]) -> list[float]:
-    """Real quotas proportional to ``weights``, summing to ``total``, none above its cap.
-
-    Why iterate: a rank clamped to its cap frees work that goes to the others in
-    proportion to *their* weights, which may push another over its cap. Each pass
-    fixes at least one rank; ``sum(caps) >= total`` leaves an uncapped rank.
-    With no cap binding this is exactly ``total * w / sum(w)``.
-    """
-    quotas, free, remaining = [0.0] * len(weights), list(range(len(weights))), float(total)
-    while True:
-        s = sum(weights[r] for r in free)
-        for r in free:
-            quotas[r] = remaining * weights[r] / s
-        over = [r for r in free if quotas[r] > caps[r]]
-        if not over:
-            return quotas
-        for r in over:
-            quotas[r] = float(caps[r])
-            remaining -= caps[r]
-        free = [r for r in free if r not in over]
-
-
-def _largest_remainder(quotas: Sequence[float], total: int, caps: Sequence[int]) -> list[int]:
-    """Integers summing exactly to ``total``, each in ``[1, cap]``, close to ``quotas``.
-
-    Floors first, then one extra unit each to the largest fractional parts (ties:
-    lower rank). A rank left at 0 takes one unit from the most over-allocated
-    rank (largest ``b - quota``, ties: lower rank) that has more than 1; a rank
-    then above its cap hands units to the most under-allocated rank with room.
-    """
-    out = [math.floor(q) for q in quotas]
-    order = sorted(range(len(quotas)), key=lambda r: (-(quotas[r] - out[r]), r))
-    for r in order[: total - sum(out)]:
-        out[r] += 1
-    for r in range(len(out)):
-        if out[r] < 1:
-            donor = max((q for q in range(len(out)) if out[q] > 1), key=lambda q: (out[q] - quotas[q], -q))
-            out[donor] -= 1
-            out[r] += 1
-    for r in range(len(out)):
-        while out[r] > caps[r]:
-            room = [q for q in range(len(out)) if out[q] < caps[q]]
-            taker = max(room, key=lambda q: (quotas[q] - out[q], -q))
-            out[r] -= 1
-            out[taker] += 1
-    return out
 
 
 class ElChe:
@@ -134,13 +93,13 @@ class ElChe:
     - Anchor, per micro-batch: a window records ``o1 = sync_ms * n / max_r wall_r``
       (n micro-batches), its overhead at anchor 1. Sync does not grow with the
       anchor, compute does, so ``o1 / A`` predicts the overhead at any A and
-      windows run at different anchors compare. From three windows on, A is set
-      (up or down) to the smallest A in [min_anchor, max_anchor] with
-      ``median(o1) / A <= overhead_target`` (median of the last five): a fixed
-      point, so no overshoot, and one spike is ignored. It moves only when A
-      misses the target by over 7 % of it or A - 1 meets it with 7 % to spare:
-      without that band 5 % timing noise flipped A between neighbours near a
-      boundary (32 of 100 random cases over 20 windows; 3 with it).
+      windows run at different anchors compare. From three windows on the anchor
+      follows ``anchor_rule`` on ``median(o1)`` (last five windows: one spike is
+      ignored). ``"goodput"`` (default): throughput x statistical efficiency from
+      the gradient noise scale (``flodl_hf.goodput``, ``flodl_hf.noise_scale``),
+      ``overhead_target`` (if set) a floor; ``"throughput"``: the overhead rule
+      alone (tau 0.10 by default). The noise estimate is updated by every report
+      that carries one, even frozen or disabled (a measurement, in :attr:`history`).
     - Memory caps (``max_batch_sizes``): rank r never gets more than its cap;
       what it cannot take goes to the other ranks in proportion to their speed.
     - Warm-up: a rank's first window carries one-time costs, so its second
@@ -154,9 +113,9 @@ class ElChe:
 
     Checkpoint behaviour: :meth:`state_dict` saves the dynamic state (anchor,
     smoothed ``ms_per_unit``, speed prior, current plan, window count, frozen
-    flag, history) plus ``world_size``, ``mode`` and ``batch_size`` for
+    flag, history, the smoothed gradient-noise estimate) plus ``world_size``, ``mode`` and ``batch_size`` for
     checking. The tuning configuration (``min_anchor``, ``max_anchor``,
-    ``overhead_target``, ``max_batch_diff``, ``max_batch_sizes``) is *not*
+    ``overhead_target``, ``anchor_rule``, ``max_batch_diff``, ``max_batch_sizes``) is *not*
     restored: it comes from the constructor, so a resumed run may change it; a
     restored anchor outside the new bounds is clamped into them and the plan
     recomputed, as is a restored plan above the caps. With the same
@@ -172,7 +131,8 @@ class ElChe:
         anchor: int | None = None,
         min_anchor: int | None = None,
         max_anchor: int | None = None,
-        overhead_target: float = 0.10,
+        overhead_target: Optional[float] = None,
+        anchor_rule: Optional[str] = None,
         max_batch_diff: int | None = None,
         batch_sizes: list[int] | None = None,
         max_batch_sizes: list[int] | None = None,
@@ -202,10 +162,20 @@ class ElChe:
                 f"anchor={anchor} is outside [min_anchor={min_anchor}, max_anchor={max_anchor}]: "
                 "pick an anchor inside the bounds"
             )
-        if not isinstance(overhead_target, numbers.Real) or not 0.01 <= overhead_target <= 0.5:
+        rule = ("goodput" if setup else "throughput") if anchor_rule is None else anchor_rule
+        if rule not in _ANCHOR_RULES or (rule == "goodput" and not setup):
+            raise ValueError(
+                f"anchor_rule={anchor_rule!r} is invalid for {mode} mode: use 'goodput' (setup mode: throughput x "
+                "statistical efficiency) or 'throughput' (the overhead_target rule; builder mode's only rule)"
+            )
+        if overhead_target is None and rule == "throughput":
+            overhead_target = _DEFAULT_TAU
+        if overhead_target is not None and (
+            not isinstance(overhead_target, numbers.Real) or not 0.01 <= overhead_target <= 0.5
+        ):
             raise ValueError(
                 f"overhead_target={overhead_target!r} is out of range: use a value in [0.01, 0.5] "
-                "(fraction of compute time spent synchronising)"
+                "(fraction of compute time spent synchronising), or None for no ceiling (goodput rule)"
             )
         if max_batch_diff is not None:
             if setup:
@@ -225,7 +195,9 @@ class ElChe:
         self._batch_size: int | None = batch_size
         self._min_anchor: int = min_anchor
         self._max_anchor: int = max_anchor
-        self._overhead_target: float = float(overhead_target)
+        self._overhead_target: Optional[float] = None if overhead_target is None else float(overhead_target)
+        self._anchor_rule: str = rule
+        self._noise = WindowNoise()
         self._max_batch_diff: int | None = max_batch_diff
         self._enabled: bool = max_anchor != 0 and world_size > 1
         self._anchor: int = anchor if self._enabled else 1
@@ -303,8 +275,25 @@ class ElChe:
         return self._anchor
 
     @property
-    def overhead_target(self) -> float:
+    def overhead_target(self) -> Optional[float]:
+        """Ceiling of sync / compute (None: none; the goodput rule's setup default)."""
         return self._overhead_target
+
+    @property
+    def anchor_rule(self) -> str:
+        """``"goodput"`` or ``"throughput"`` (see ``flodl_hf.goodput``)."""
+        return self._anchor_rule
+
+    @property
+    def noise_scale(self) -> Optional[float]:
+        """Smoothed gradient noise scale ``B_noise`` in loss-denominator items (None: no usable estimate yet)."""
+        return self._noise.scale.noise_scale
+
+    @property
+    def efficiency(self) -> Optional[float]:
+        """Estimated statistical efficiency of the current effective batch relative to one micro-step's
+        (``(B_noise + M0) / (B_noise + A * M0)``; None without a noise estimate)."""
+        return self._noise.efficiency(self._anchor)
 
     @property
     def windows(self) -> int:
@@ -390,6 +379,9 @@ class ElChe:
         sync_ms: float,
         *,
         micro_batches: int | None = None,
+        grad_sq: Sequence[float] | None = None,
+        grad_items: Sequence[float] | None = None,
+        reduced_grad_sq: float | None = None,
     ) -> None:
         """Feed one window's figures (identical on every rank) and compute the next plan.
 
@@ -399,6 +391,10 @@ class ElChe:
         ``micro_batches`` (setup mode): micro-batches each rank ran in the window,
         default the current anchor; the anchor rule divides compute by it, so pass
         it when the window ran at another anchor (e.g. a short final window).
+        ``grad_sq``, ``grad_items``, ``reduced_grad_sq`` (setup mode, all or none):
+        each rank's squared norm of its own window gradient, its loss-denominator
+        items, and the squared norm of the reduced gradient; they feed the noise
+        estimate (``flodl_hf.noise_scale``) the goodput rule uses.
         """
         if micro_batches is not None and self._mode != "setup":
             raise ValueError(f"micro_batches={micro_batches!r} is setup-mode only: remove it in builder mode")
@@ -414,6 +410,10 @@ class ElChe:
         if not isinstance(sync_ms, numbers.Real) or not math.isfinite(sync_ms) or sync_ms < 0:
             raise ValueError(f"sync_ms={sync_ms!r} is invalid: pass a finite time in ms >= 0")
 
+        if grad_sq is not None and self._mode != "setup":
+            raise ValueError("grad_sq is setup-mode only: remove the gradient-noise inputs in builder mode")
+        n_micro = self._anchor if micro_batches is None else micro_batches
+        self._noise.observe(w, n_micro, grad_sq, grad_items, reduced_grad_sq)
         compute = max(float(x) for x in wall_ms)
         overhead = sync_ms / compute if compute > 0 else None
         if not self._frozen:
@@ -429,19 +429,16 @@ class ElChe:
                         alpha = min(max(abs(new - m) / m, 0.1), 0.8)
                         self._ms[r] = alpha * new + (1 - alpha) * m
             if self._enabled:
-                # 2. Anchor. Setup: smallest anchor meeting the target on the median per-micro-batch
-                # overhead. Builder: jump up on overhead, decay by one when well under target.
+                # 2. Anchor. Setup: goodput (or the overhead rule) on the median per-micro-batch overhead,
+                # see flodl_hf.goodput. Builder: jump up on overhead, decay by one when well under target.
                 tau = self._overhead_target
                 if compute > 0 and sync_ms > 0 and self._mode == "setup":
-                    n = self._anchor if micro_batches is None else micro_batches
-                    self._overheads.append(sync_ms * n / compute)
-                    med, a, band = statistics.median(self._overheads), self._anchor, tau * _ANCHOR_DEAD_ZONE
-                    if len(self._overheads) >= _OVERHEAD_MIN and (
-                        med / a > tau + band or (a > 1 and med / (a - 1) <= tau - band)
-                    ):
-                        desired = math.ceil(med / tau - _CEIL_TOL)
-                        self._anchor = min(max(desired, self._min_anchor), self._max_anchor)
-                elif compute > 0 and sync_ms > 0:
+                    self._overheads.append(sync_ms * n_micro / compute)
+                    if len(self._overheads) >= _OVERHEAD_MIN:
+                        o1, rho = statistics.median(self._overheads), self._noise.rho(_NOISE_MIN)
+                        self._anchor = combined_anchor(self._anchor, o1, rho, tau, self._min_anchor,
+                                                       self._max_anchor, self._anchor_rule)
+                elif compute > 0 and sync_ms > 0 and tau is not None:  # builder: tau is always set
                     ov = sync_ms / compute
                     if ov > tau:
                         target = math.ceil(self._anchor * ov / tau - _CEIL_TOL)
@@ -459,6 +456,8 @@ class ElChe:
             "shares": self.shares,
             ("batch_sizes" if self._mode == "setup" else "counts"): list(self._plan),
         }
+        if self._mode == "setup":
+            entry.update(noise_scale=self.noise_scale, efficiency=self.efficiency)
         self._history.append(entry)
 
     def _total(self) -> int:
@@ -548,11 +547,13 @@ class ElChe:
             "windows": self._windows,
             "frozen": self._frozen,
             "history": [dict(h) for h in self._history],
+            "noise": self._noise.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` snapshot taken with the same world_size, mode and batch_size."""
-        missing = [k for k in self.state_dict() if k not in state]
+        optional = ("noise",) if int(state.get("version", 0)) < 3 else ()
+        missing = [k for k in self.state_dict() if k not in state and k not in optional]
         if missing:
             raise ValueError(f"state is missing keys {missing}: pass a dict produced by ElChe.state_dict()")
         for key in ("world_size", "mode") + (("batch_size",) if self._mode == "setup" else ()):
@@ -571,6 +572,9 @@ class ElChe:
         self._windows = int(state["windows"])
         self._frozen = bool(state["frozen"])
         self._history = deque((dict(h) for h in state["history"]), maxlen=_HISTORY_LEN)
+        self._noise = WindowNoise()
+        if state.get("noise") is not None:
+            self._noise.load_state_dict(state["noise"])
         if not self._enabled:
             self._anchor, self._plan, self._plan_calibrated = 1, self._disabled_plan(), False
             return

@@ -75,10 +75,19 @@ def test_settings_builder_aliases_expand():
     (dict(devices=("cpu",)), "--devices"),
     (dict(target=1.5), "--target"),
     (dict(workload="speed"), "--workload"),
+    (dict(sync_stretch=-0.5), "--sync-stretch"),
+    (dict(max_length=2), "--max-length"),
 ])
 def test_settings_errors_name_the_flag(kwargs, flag):
     with pytest.raises(ValueError, match=flag):
         BenchSettings(**kwargs).resolved()
+
+
+def test_settings_goodput_variants_and_real_minilm_compute():
+    s = BenchSettings(modes=("elche-setup", "elche-throughput", "elche-anchor1"), workload="accuracy",
+                      speeds=(1.0, 1.0), device_ms=0.0, model="minilm", sync_stretch=0.5, max_length=32).resolved()
+    assert s.modes == ("elche-setup", "elche-throughput", "elche-anchor1") and s.device_ms == 0.0
+    assert s.sync_stretch == 0.5 and s.max_length == 32
 
 
 # --- figures --------------------------------------------------------------------------------------------------

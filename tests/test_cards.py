@@ -138,6 +138,25 @@ def test_training_setup_of_a_resumed_multi_rank_run_round_trips(tmp_path):
     assert list(table)[:3] == ["devices", "world size", "policy"]
 
 
+def test_training_setup_shows_the_goodput_anchor_over_time_and_the_noise_estimate(tmp_path):
+    from flodl_hf.job.outputs import anchor_changes, training_table
+
+    history = [{"window": w, "anchor": a} for w, a in enumerate([1, 1, 1, 3, 3, 2, 2])]
+    assert anchor_changes(history) == [[0, 1], [3, 3], [5, 2]]
+    el_che = dict(_run_metrics()["el_che"], anchor_rule="goodput", overhead_target=None,
+                  anchor_changes=anchor_changes(history), noise_scale=412.37, efficiency=0.8655)
+    table = training_table(_run_metrics(el_che=el_che))
+    card = ModelCard.load(write_model_card(info(training=table), tmp_path)).text
+    for row in ("| El Che anchor rule | goodput |",
+                "| El Che anchor over time | 1 from window 0, 3 from window 3, 2 from window 5 |",
+                "| gradient noise scale | 412.4 samples |", "| estimated statistical efficiency | 0.866 |"):
+        assert row in card, row
+    ceiling = training_table(_run_metrics(el_che=dict(el_che, anchor_rule="throughput", overhead_target=0.1,
+                                                      noise_scale=None, efficiency=None)))
+    assert ceiling["El Che anchor rule"] == "throughput, overhead ceiling 0.1"
+    assert "gradient noise scale" not in ceiling and "estimated statistical efficiency" not in ceiling
+
+
 def test_training_setup_of_a_single_device_run_that_stopped_early():
     from flodl_hf.job.outputs import training_table
 

@@ -148,7 +148,7 @@ def test_work_is_actual_not_planned():
 
 # --------------------------------------------------------------------- anchor
 def test_setup_anchor_is_the_smallest_meeting_the_target_per_micro_batch():
-    che = ElChe(2, batch_size=8)  # setup: anchor 1 in [1, 8], tau 0.1
+    che = ElChe(2, anchor_rule="throughput", batch_size=8)  # the overhead rule: anchor 1 in [1, 8], tau 0.1
     che.report([100, 100], [8, 8], 50)  # o1 = 50 * 1 / 100 = 0.5, but one window is no evidence
     che.report([100, 100], [8, 8], 30)  # two windows: still none
     assert che.anchor == 1
@@ -180,25 +180,25 @@ def test_setup_anchor_is_the_smallest_meeting_the_target_per_micro_batch():
 )
 def test_setup_anchor_moves_only_on_clear_evidence(o1, anchor, want):
     # 7 % band: A holds while o1 / A <= 1.07 tau and o1 / (A - 1) > 0.93 tau (timing noise must not flip it)
-    che = ElChe(2, batch_size=8, anchor=anchor)
+    che = ElChe(2, anchor_rule="throughput", batch_size=8, anchor=anchor)
     for _ in range(3):
         che.report([100 * anchor, 100 * anchor], [8 * anchor] * 2, 100 * o1)
     assert che.anchor == want
 
 
 def test_setup_micro_batches_normalises_a_window_run_at_another_anchor():
-    che = ElChe(2, batch_size=8, anchor=4)
+    che = ElChe(2, anchor_rule="throughput", batch_size=8, anchor=4)
     for _ in range(3):
         che.report([400, 400], [32, 32], 40)  # default micro_batches = anchor 4: o1 = 0.4
     assert che.anchor == 4
     for _ in range(3):  # a short window of one micro-batch: 100 ms compute, same sync
         che.report([100, 100], [8, 8], 40, micro_batches=1)
     assert che.anchor == 4  # o1 = 40 * 1 / 100 = 0.4 still; without micro_batches it would read 1.6
-    wrong = ElChe(2, batch_size=8, anchor=4)
+    wrong = ElChe(2, anchor_rule="throughput", batch_size=8, anchor=4)
     for _ in range(3):
         wrong.report([100, 100], [8, 8], 40)
     assert wrong.anchor == 8
-    explicit, default = ElChe(2, batch_size=8), ElChe(2, batch_size=8)
+    explicit, default = ElChe(2, anchor_rule="throughput", batch_size=8), ElChe(2, anchor_rule="throughput", batch_size=8)
     for i in range(6):
         explicit.report([100, 120], [8, 8], 20 + i, micro_batches=explicit.anchor)
         default.report([100, 120], [8, 8], 20 + i)
@@ -241,7 +241,7 @@ def test_setup_anchor_does_not_overshoot_with_noise():
     # the old rule multiplied A by the median of overheads measured at smaller anchors: 7 where 5 meets tau
     for seed in range(8):
         rng = random.Random(seed)
-        che = ElChe(2, batch_size=16)
+        che = ElChe(2, anchor_rule="throughput", batch_size=16)
         for _ in range(60):
             a = che.anchor
             wall = [100.0 * a * (1 + 0.05 * rng.gauss(0, 1)) for _ in range(2)]
@@ -251,11 +251,11 @@ def test_setup_anchor_does_not_overshoot_with_noise():
 
 
 def test_setup_single_overhead_spike_does_not_ratchet_the_anchor():
-    che = ElChe(2, batch_size=8)
+    che = ElChe(2, anchor_rule="throughput", batch_size=8)
     for sync in (3, 3, 30, 3, 3, 25, 3, 3):  # ov 0.03 with isolated spikes to 0.3 / 0.25
         che.report([100, 100], [8, 8], sync)
         assert che.anchor == 1
-    steady = ElChe(2, batch_size=8, anchor=4)
+    steady = ElChe(2, anchor_rule="throughput", batch_size=8, anchor=4)
     for sync in (40, 40, 40, 400, 40, 40, 4, 40):  # o1 0.4 at A = 4 with a spike and a dip
         steady.report([400, 400], [32, 32], sync)
         assert steady.anchor == 4
@@ -632,12 +632,12 @@ def test_state_dict_builder_round_trip():
 
 
 def test_state_keeps_five_overheads_and_loads_an_old_three_value_state():
-    a = ElChe(2, batch_size=16)
+    a = ElChe(2, anchor_rule="throughput", batch_size=16)
     for i in range(8):
         a.report([100, 100], [16, 16], 10 + i)
-    assert len(a.state_dict()["recent_overheads"]) == 5 and a.state_dict()["version"] == 2
+    assert len(a.state_dict()["recent_overheads"]) == 5 and a.state_dict()["version"] == 3
     old = dict(a.state_dict(), version=1, anchor=2, recent_overheads=[0.2, 0.25, 0.3])  # sync / compute at A
-    b = ElChe(2, batch_size=16)
+    b = ElChe(2, anchor_rule="throughput", batch_size=16)
     b.load_state_dict(json.loads(json.dumps(old)))
     assert b.anchor == 2 and b.state_dict()["recent_overheads"] == pytest.approx([0.4, 0.5, 0.6])
     b.report([200, 200], [32, 32], 50)  # o1 0.5: median of [0.4, 0.5, 0.6, 0.5] -> 5

@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--localsgd-steps", type=int, default=8, help="accelerate-localsgd: steps between averages")
     p.add_argument("--elche-max-anchor", type=int, default=None,
                    help="DdpConfig.max_anchor for elche-setup (default: the engine's)")
+    p.add_argument("--sync-stretch", type=float, default=None, metavar="F",
+                   help="setup modes: model a slow interconnect, sleeping F x a micro-batch's compute after every "
+                        "synchronisation (e.g. 0.5: sync >= 50 %% of compute at anchor 1)")
+    p.add_argument("--max-length", type=int, default=64, help="tokens per text for tiny-bert and minilm (64)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed for one run of one mode")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--simulate", action="store_true",
@@ -84,6 +88,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
                          warmup=args.warmup, repeats=args.repeats, model=args.model, eval_every=args.eval_every,
                          eval_samples=args.eval_samples, target=args.target, lr=args.lr,
                          localsgd_steps=args.localsgd_steps, elche_max_anchor=args.elche_max_anchor,
+                         sync_stretch=args.sync_stretch, max_length=args.max_length,
                          seed=args.seed, timeout_s=args.timeout).resolved()
 
 

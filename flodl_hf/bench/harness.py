@@ -40,7 +40,7 @@ def _rank_fn(mode: str) -> Callable[..., Any]:
         from .modes import ddp_rank
 
         return ddp_rank
-    if mode in ("elche-setup", "setup-sync"):
+    if mode in ("elche-setup", "elche-throughput", "elche-anchor1", "setup-sync"):
         from .modes import setup_rank
 
         return setup_rank
@@ -56,9 +56,9 @@ def _specs(s: BenchSettings, mode: str, round_no: int) -> tuple[RunSpec, Workloa
     run = RunSpec(mode=mode, workload=s.workload, speeds=tuple(s.speeds), devices=tuple(s.devices),
                   device_ms=s.device_ms, batch_size=s.batch_size, steps=s.steps, warmup=s.warmup,
                   eval_every=s.eval_every, localsgd_steps=s.localsgd_steps, timeout_s=s.timeout_s, seed=seed,
-                  max_anchor=s.elche_max_anchor)
+                  max_anchor=s.elche_max_anchor, sync_stretch=s.sync_stretch)
     work = WorkloadSpec(model=s.model, train_samples=s.steps * s.world * s.batch_size,
-                        eval_samples=s.eval_samples, seed=seed, lr=s.lr)
+                        eval_samples=s.eval_samples, seed=seed, lr=s.lr, max_length=s.max_length)
     return run, work
 
 
@@ -132,6 +132,8 @@ def _aggregate(rounds: list[dict[str, Any]], modes: tuple[str, ...]) -> dict[str
         history = good[-1].get("elche_history")
         if history:
             agg["anchor_history"] = [h["anchor"] for h in history]
+            agg["noise_scale_history"] = [h.get("noise_scale") for h in history]
+            agg["overhead_history"] = [h.get("overhead") for h in history]
             agg["share_history"] = [[round(x, 4) for x in h["shares"]] for h in history]
             agg["batch_size_history"] = [h.get("batch_sizes") for h in history]
             agg["final_plan"] = good[-1].get("elche_describe")
@@ -173,6 +175,9 @@ def run_bench(settings: BenchSettings, log: Optional[Log] = None) -> dict[str, A
     modes, repeats = tuple(s.modes or ()), int(s.repeats or 1)
     available = mode_availability()
     notes = [f"{m} unavailable: {why}" for m, why in available.items() if why is not None]
+    if s.sync_stretch:
+        notes.append(f"setup modes: a modelled slow interconnect sleeps {s.sync_stretch:g} x a micro-batch's compute "
+                     "after every synchronisation (DdpConfig.simulate_sync)")
     if s.device_ms:
         notes.append("speeds are modelled by one sleep per micro-batch (device_ms * b/16 / speed) in every mode; "
                      "elche-setup runs without DdpConfig.simulate_speeds")

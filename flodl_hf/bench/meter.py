@@ -40,6 +40,8 @@ class RunSpec:
     seed: int
     max_anchor: Optional[int] = None
     """DdpConfig.max_anchor for elche-setup (None: the engine default)."""
+    sync_stretch: Optional[float] = None
+    """DdpConfig.simulate_sync for the setup modes (None: the real sync)."""
 
     @property
     def world(self) -> int:

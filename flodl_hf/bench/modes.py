@@ -10,6 +10,12 @@ workload, the same modelled device time and the same :class:`~flodl_hf.bench.met
 - ``elche-setup``: flodl-hf setup mode (``Trainer.setup_with`` + ``graph.epoch`` + ``graph.step``), El Che on,
   ``batch_size`` per rank nominal (El Che splits the global ``W * batch_size`` by measured speed). It runs
   without ``DdpConfig.simulate_speeds``: speeds are modelled by the bench's own device model only.
+- ``elche-throughput``: the same with ``DdpConfig(anchor_rule="throughput")`` (El Che's window rule before issue
+  15: the fewest synchronisations meeting ``overhead_target`` 0.10); ``elche-anchor1``: ``fixed_anchor=1``
+  (a synchronisation every micro-step, El Che still splitting the batch). ``elche-setup`` runs the default rule
+  (goodput). Setup modes pace held-out evaluations by micro-steps (batches of ``W * batch_size`` samples, the same
+  unit as DDP's steps), so a longer window does not evaluate less often; ``--sync-stretch`` adds
+  ``DdpConfig.simulate_sync`` (a modelled slow interconnect).
 - ``setup-sync``: the same setup-mode loop with ``max_anchor=0`` (El Che off: equal split, sync every step),
   to separate the engine's fixed costs from El Che's scheduling.
 """
@@ -104,8 +110,11 @@ def setup_rank(rank: int, world: int, spec: RunSpec, wspec: WorkloadSpec) -> dic
 
     workload = build_workload(wspec)
     dm = DeviceModel(spec.device_ms, spec.speeds[rank])
+    rule = {"anchor_rule": "throughput"} if spec.mode == "elche-throughput" else {}
+    fixed = {"fixed_anchor": 1} if spec.mode == "elche-anchor1" else {}
     config = DdpConfig(devices=list(spec.devices), seed=spec.seed, verbose=False, timeout_s=spec.timeout_s,
-                       max_anchor=0 if spec.mode == "setup-sync" else spec.max_anchor)
+                       max_anchor=0 if spec.mode == "setup-sync" else spec.max_anchor,
+                       simulate_sync=spec.sync_stretch, **rule, **fixed)
     graph = Graph(workload.build("cpu"))
     Trainer.setup_with(graph, lambda dev: dm.attach(workload.build(dev)), workload.optimizer, config)
     graph.set_data_loader(workload.train, batch_size=spec.batch_size, collate_fn=workload.collate)
@@ -121,7 +130,7 @@ def setup_rank(rank: int, world: int, spec: RunSpec, wspec: WorkloadSpec) -> dic
         before = graph.training_step
         graph.step()
         meter.step(len(batch[1]), synced=graph.training_step != before, module=graph.module,
-                   optimizer_steps=graph.training_step)
+                   optimizer_steps=meter.steps + 1)  # micro-steps, counting this one
     el_che = graph.el_che()
     extra = {"elche_history": el_che.history if rank == 0 else [],
              "elche_describe": f"{el_che.describe()}; {graph.training_step} optimizer steps",

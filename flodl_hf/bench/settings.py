@@ -15,7 +15,7 @@ from typing import Any, Optional
 from .device_model import REFERENCE_BATCH
 from .workloads import MODELS
 
-__all__ = ["ALL_MODES", "ALIASES", "DEFAULT_MODES", "WORKLOADS", "BenchSettings", "mode_availability"]
+__all__ = ["ALL_MODES", "ELCHE_VARIANTS", "ALIASES", "DEFAULT_MODES", "WORKLOADS", "BenchSettings", "mode_availability"]
 
 WORKLOADS = ("throughput", "accuracy")
 BUILDER_POLICIES = ("builder-sync", "builder-cadence", "builder-async")
@@ -24,7 +24,10 @@ BUILDER_MODES = tuple(f"{p}/{b}" for p in BUILDER_POLICIES for b in ("nccl", "cp
 #: Names ``--modes`` also accepts: a policy alone runs it on both backends; ``builder`` runs all six.
 ALIASES = {**{p: tuple(f"{p}/{b}" for b in ("nccl", "cpu")) for p in BUILDER_POLICIES}, "builder": BUILDER_MODES}
 #: Every mode the bench knows, in table order.
-ALL_MODES = ("solo", "ddp", "accelerate", "accelerate-localsgd", "elche-setup", "setup-sync") + BUILDER_MODES
+#: El Che setup mode under each anchor rule: the default (goodput), the rule before issue 15, anchor fixed at 1.
+ELCHE_VARIANTS = ("elche-throughput", "elche-anchor1")
+ALL_MODES = ("solo", "ddp", "accelerate", "accelerate-localsgd", "elche-setup") + ELCHE_VARIANTS + (
+    "setup-sync",) + BUILDER_MODES
 #: What ``--modes`` defaults to (the available ones among these). ``setup-sync`` is a diagnostic extra.
 DEFAULT_MODES = ("solo", "ddp", "accelerate", "accelerate-localsgd", "elche-setup") + BUILDER_MODES
 
@@ -88,6 +91,11 @@ class BenchSettings:
     localsgd_steps: int = 8
     elche_max_anchor: Optional[int] = None
     """DdpConfig.max_anchor for elche-setup (None: the engine default)."""
+    sync_stretch: Optional[float] = None
+    """Setup modes: DdpConfig.simulate_sync, a modelled slow interconnect (sleep this fraction of a micro-batch's
+    compute after every synchronisation). None: the real sync."""
+    max_length: int = 64
+    """Tokens per text (tiny-bert, minilm)."""
     seed: int = 0
     timeout_s: float = 600.0
     """Bound on one run of one mode (and on its collectives)."""
@@ -116,9 +124,14 @@ class BenchSettings:
             raise _bad("speeds", ",".join(map(str, speeds)),
                        "speeds other than 1.0 need modelled device time (--device-ms > 0); with --device-ms 0 real "
                        "devices are measured as they are")
-        if on_cpu and device_ms == 0:
-            raise _bad("device-ms", device_ms, "CPU ranks need modelled device time (e.g. 40)")
         model = self.model or ("tiny-bert" if acc else "mlp")
+        if on_cpu and device_ms == 0 and model != "minilm":
+            raise _bad("device-ms", device_ms, "CPU ranks need modelled device time (e.g. 40), except with --model "
+                       "minilm, whose real compute is measured as it is")
+        if self.sync_stretch is not None and not self.sync_stretch >= 0:
+            raise _bad("sync-stretch", self.sync_stretch, "use a fraction >= 0 of a micro-batch's compute, e.g. 0.5")
+        if not isinstance(self.max_length, int) or self.max_length < 4:
+            raise _bad("max-length", self.max_length, "use an integer >= 4 (tokens per text)")
         if model not in MODELS:
             raise _bad("model", model, f"use one of {', '.join(MODELS)}")
         steps = self.steps if self.steps is not None else (200 if acc else 60)

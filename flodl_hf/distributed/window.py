@@ -9,8 +9,9 @@ moves ``d * grad`` into the window's buckets, ``d`` being what that micro-batch'
 ``D``, gives the gradient of the loss over every item of the window; then clip, broadcast floating buffers from
 rank 0, one optimizer step, the LR scheduler advanced by the window's micro-steps, and an identical El Che update.
 
-Every exchange starts with the same fixed-shape metadata region (timings, sample counts, loss denominators, window
-index, a status flag, the user's stop flags, the data-plan frontier, per-parameter presence and ``requires_grad``):
+Every exchange starts with the same fixed-shape metadata region (timings, sample counts, loss denominators, the
+squared norm of the rank's own window gradient for the gradient-noise estimate, window index, a status flag, the
+user's stop flags, the data-plan frontier, per-parameter presence and ``requires_grad``):
 on CPU ranks it is the head of the first gradient bucket, so it costs no collective of its own; beside NCCL it goes
 over a gloo side group, which notices a vanished peer at once. Because a window end, a finished loop and a failed
 rank all send the same shape, ranks that disagree are told why (one failed, one finished early, one skipped a step)
@@ -20,6 +21,10 @@ The data plan is indexed by step, not by "the last batch drawn": ``draw`` record
 window-end flag in a queue that ``graph.step()`` consumes in order, so any read-ahead (``list(...)``, a prefetch
 thread, a DataLoader with workers) keeps every step's metadata. A new El Che split takes effect from the first step
 no rank has drawn yet (the *frontier*, reduced with the metadata), so read-ahead never splits a step two ways.
+Gradient noise, at no extra collective: each rank writes ``|G_r|^2`` (its weighted sum over its denominator
+``D_r``, squared) beside ``D_r``; after the reduction ``|G_big|^2`` of the reduced gradient completes what
+``flodl_hf.noise_scale`` needs (a ``reduction="sum"`` loss has no item count, so it gives no estimate). The norms
+are read, never written: the update is unchanged.
 Design note: El Che is given the previous window's synchronisation time (the minimum over ranks, i.e. without
 straggler waiting), since this window's is only known after the collective that carries the figures.
 """
@@ -46,8 +51,8 @@ __all__ = ["WindowRuntime", "close_all", "mark_failed"]
 
 _STEP, _FINISHED, _FAILED = 0.0, 1.0, 2.0
 # Fixed metadata slots, one per rank each.
-(_COMPUTE, _SAMPLES, _SYNC, _INDEX, _FLAG, _DENOM, _REDUCTION, _FRONTIER, _USER) = range(9)
-_SLOTS = 9
+(_COMPUTE, _SAMPLES, _SYNC, _INDEX, _FLAG, _DENOM, _REDUCTION, _FRONTIER, _USER, _GRADSQ) = range(10)
+_SLOTS = 10
 # Strong references: a runtime must still be able to tell its peers "failed" after the user's objects are gone.
 _OPEN: list["WindowRuntime"] = []
 _PROCESS_FAILED = False
@@ -219,6 +224,7 @@ class WindowRuntime:
         self._denominator = 0.0
         self._reduction: Optional[str] = None
         self._compute_s = 0.0
+        self._grad_sq = 0.0  # this rank's |G_r|^2, written at the window end
         self._window_anchor: Optional[int] = None
         self.grads.reset()
 
@@ -281,7 +287,8 @@ class WindowRuntime:
                             (_SYNC, self._last_sync_ms), (_INDEX, float(self.window_index)), (_FLAG, flag),
                             (_DENOM, float(self._denominator)),
                             (_REDUCTION, 1.0 if self._reduction == "sum" else 0.0),
-                            (_FRONTIER, float(self._drawn)), (_USER, float(self._user_flags))):
+                            (_FRONTIER, float(self._drawn)), (_USER, float(self._user_flags)),
+                            (_GRADSQ, self._grad_sq)):
             meta[slot * w + r] = value
         return meta
 
@@ -347,6 +354,9 @@ class WindowRuntime:
         with self._lock:
             self._compute_s += self.clock.pending_seconds()
             t0 = time.perf_counter()
+            noise = self.el_che is not None and self.el_che.enabled and self._reduction != "sum"
+            if noise and self._denominator > 0:
+                self._grad_sq = self.grads.sq_norm(self.grads.side) / (self._denominator * self._denominator)
             m, presence, trainable = self._exchange(_STEP)
             self._check(m, _STEP)
             try:
@@ -359,6 +369,7 @@ class WindowRuntime:
                     total = float(sum(self._slot(m, _DENOM)))
                     divisor = total if total > 0 else 1.0
                 self.grads.unpack(divisor, presence, side)
+                reduced_sq = self.grads.sq_norm(side) / (divisor * divisor) if noise else None
                 if self.float_buffers:
                     broadcast_tensors(self.float_buffers, src=0)
             except Exception as exc:
@@ -373,23 +384,29 @@ class WindowRuntime:
             if self.config.max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_([p for p in self.params if p.grad is not None],
                                                self.config.max_grad_norm)
+            if self.config.simulate_sync is not None and self._micro_batches:  # SIMULATION: a slow interconnect
+                time.sleep(self.config.simulate_sync * self._compute_s / self._micro_batches)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             sync_ms = (time.perf_counter() - t0) * 1000.0
             micro = int(self._micro_batches)
             graph.apply_optimizer_step(micro_steps=micro)
             if self.el_che is not None:
-                self._report(m, micro)
+                self._report(m, micro, reduced_sq)
             self._last_sync_ms = sync_ms
             self.window_index += 1
             self._reset_window()
 
-    def _report(self, m: torch.Tensor, micro: int) -> None:
+    def _report(self, m: torch.Tensor, micro: int, reduced_sq: Optional[float]) -> None:
         """Feed El Che the window's figures; install its next split from the first step no rank has drawn."""
         el_che = self.el_che
         anchor_before = el_che.anchor
+        noise: dict[str, Any] = {}
+        if reduced_sq is not None:
+            noise = {"grad_sq": self._slot(m, _GRADSQ), "grad_items": self._slot(m, _DENOM),
+                     "reduced_grad_sq": reduced_sq}
         el_che.report(self._slot(m, _COMPUTE), self._slot(m, _SAMPLES), min(self._slot(m, _SYNC)),
-                      micro_batches=micro)
+                      micro_batches=micro, **noise)
         frontiers = [int(f) for f in self._slot(m, _FRONTIER)]
         start, oldest = max(frontiers), min(frontiers)
         sizes = list(el_che.batch_sizes())

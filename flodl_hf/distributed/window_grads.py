@@ -119,6 +119,17 @@ class WindowGrads:
             elif weight != 0.0:
                 view.add_(flat, alpha=float(weight))
 
+    def sq_norm(self, side: dict[int, torch.Tensor]) -> float:
+        """Squared norm of what the buckets (metadata excluded) and ``side`` accumulators hold: this rank's weighted
+        gradient sum before the reduction, the global sum after it (the gradient-noise estimate's inputs)."""
+        start = self.meta_len if self.meta_in_first_bucket else 0
+        parts = [self.buffers[0][start:]] + list(self.buffers[1:]) + list(side.values())
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for t in parts:
+            if t.numel():
+                total += torch.dot(t, t).to(torch.float64)
+        return float(total)
+
     # --- window end -------------------------------------------------------------------------------------------
     def all_reduce_rest(self) -> None:
         """SUM all-reduce of every gradient bucket not already reduced with the metadata (launched, then awaited)."""

@@ -10,6 +10,8 @@ It exists to keep ``flodl_hf.job.run`` (settings, data, model, outputs) apart fr
   checkpoint and raise :class:`TrainingInterrupted`; a second SIGINT aborts at once.
 - **Divergence**: a NaN or infinite loss raises :class:`TrainingDiverged` naming the step; no checkpoint is written
   from that state, so the last good one is kept.
+- **El Che** on N ranks: after each optimizer step the anchor, the gradient noise scale and the estimated
+  statistical efficiency go to TensorBoard (``el_che/...``, at the micro-step like ``train/loss``).
 - **Evaluation** on the held-out split every ``eval_every`` optimizer steps (rank 0), recorded in the history, the
   progress bar and TensorBoard; each evaluation that improves ``LoopOptions.metric`` is handed to
   ``LoopOptions.on_best`` (the job keeps those weights: ``flodl_hf.job.evaluate.BestWeights``), and **early
@@ -34,6 +36,7 @@ from typing import Any, Callable, Optional
 
 from ..checkpoint import CHECKPOINT_FILE
 from ..interrupt import GracefulInterrupt
+from .outputs import el_che_scalars
 
 __all__ = ["LoopOptions", "LoopState", "TrainingInterrupted", "TrainingDiverged", "run_loop"]
 
@@ -175,6 +178,9 @@ def run_loop(head: Any, graph: Any, state: LoopState, options: LoopOptions, *, p
                     if graph.training_step == before:
                         continue  # inside an El Che window: nothing may be decided until it closes
                     step = graph.training_step
+                    if board is not None:
+                        for tag, scalar in el_che_scalars(graph).items():
+                            board.add(tag, scalar, len(state.losses))
                     stop, diverged, early = _agreed(graph)
                     early_pending = False
                     if diverged:

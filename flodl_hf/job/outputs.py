@@ -20,7 +20,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-__all__ = ["ScalarBoard", "require_tensorboard", "el_che_info", "build_metrics", "training_table",
+__all__ = ["ScalarBoard", "require_tensorboard", "el_che_info", "el_che_scalars", "anchor_changes", "build_metrics",
+           "training_table",
            "write_outputs", "policy_name"]
 
 
@@ -52,15 +53,42 @@ class ScalarBoard:
         self._writer.close()
 
 
+def _rounded(value: Optional[float], digits: int = 4) -> Optional[float]:
+    return None if value is None else round(float(value), digits)
+
+
+def anchor_changes(history: Sequence[dict]) -> list[list[int]]:
+    """``[[window, anchor], ...]``: the anchor El Che chose from each window on (the first, then every change)."""
+    out: list[list[int]] = []
+    for h in history:
+        if not out or out[-1][1] != int(h["anchor"]):
+            out.append([int(h["window"]), int(h["anchor"])])
+    return out
+
+
 def el_che_info(graph: Any) -> Optional[dict]:
-    """The El Che plan at the end of training (None on one device)."""
+    """The El Che plan at the end of training, the anchor over time and the gradient-noise estimate (None on one
+    device)."""
     el_che = graph.el_che() if hasattr(graph, "el_che") else None
     if el_che is None:
         return None
     return {"anchor": int(el_che.anchor), "shares": [round(float(s), 4) for s in el_che.shares],
             "batch_sizes": list(el_che.batch_sizes()), "windows": int(el_che.windows),
             "micro_batch_caps": el_che.max_batch_sizes,
+            "anchor_rule": el_che.anchor_rule, "overhead_target": el_che.overhead_target,
+            "anchor_changes": anchor_changes(el_che.history),
+            "noise_scale": _rounded(el_che.noise_scale, 2), "efficiency": _rounded(el_che.efficiency),
             "description": el_che.describe()}
+
+
+def el_che_scalars(graph: Any) -> dict[str, float]:
+    """TensorBoard scalars of El Che after an optimizer step: anchor, noise scale, efficiency (those known)."""
+    el_che = graph.el_che() if hasattr(graph, "el_che") else None
+    if el_che is None:
+        return {}
+    values = {"el_che/anchor": el_che.anchor, "el_che/noise_scale": el_che.noise_scale,
+              "el_che/efficiency": el_che.efficiency}
+    return {k: float(v) for k, v in values.items() if v is not None}
 
 
 def policy_name(world_size: int) -> str:
@@ -165,6 +193,16 @@ def training_table(metrics: dict) -> dict:
         table["El Che anchor"] = el_che["anchor"]
         table["El Che shares"] = "[" + ", ".join(f"{s:.2f}" for s in el_che["shares"]) + "]"
         table["El Che batch sizes"] = str(el_che["batch_sizes"])
+        if el_che.get("anchor_rule"):
+            tau = el_che.get("overhead_target")
+            table["El Che anchor rule"] = el_che["anchor_rule"] + (f", overhead ceiling {tau:g}" if tau else "")
+        changes = el_che.get("anchor_changes") or []
+        if changes:
+            table["El Che anchor over time"] = ", ".join(f"{a} from window {w}" for w, a in changes)
+        if el_che.get("noise_scale") is not None:
+            table["gradient noise scale"] = f"{el_che['noise_scale']:.1f} samples"
+        if el_che.get("efficiency") is not None:
+            table["estimated statistical efficiency"] = f"{el_che['efficiency']:.3f}"
     if settings.get("speed_hint"):
         rank, ratio = settings["speed_hint"]
         table["speed hint"] = f"rank {rank} is {ratio:g}x slower"

@@ -107,8 +107,11 @@ class TrainSettings:
     """``tensorboard``: write scalars (training loss, the held-out metrics) to ``<output_dir>/runs``."""
     speed_hint: Optional[tuple] = None
     """``(slow_rank, ratio)``: DdpConfig.speed_hint, the other ranks are ``ratio`` (>= 1) times faster."""
-    overhead_target: float = 0.10
-    """DdpConfig.overhead_target: El Che's ceiling of synchronisation / compute time, in [0.01, 0.5]."""
+    overhead_target: Optional[float] = None
+    """DdpConfig.overhead_target: ceiling of synchronisation / compute time, in [0.01, 0.5] (None: none with the
+    goodput rule, 0.10 with the throughput rule)."""
+    anchor_rule: str = "goodput"
+    """DdpConfig.anchor_rule: ``goodput`` (default) or ``throughput``."""
     fixed_anchor: Optional[int] = None
     """DdpConfig.fixed_anchor: micro-steps per optimizer step, constant (None: El Che adapts it)."""
     max_micro_batch: Optional[int | str] = None
@@ -178,5 +181,5 @@ class TrainSettings:
     def ddp_config(self) -> DdpConfig:
         """The engine configuration of this job."""
         return DdpConfig(seed=self.seed, devices=self.devices, precision=self.precision, verbose=True,
-                         speed_hint=self.speed_hint, overhead_target=self.overhead_target,
+                         speed_hint=self.speed_hint, overhead_target=self.overhead_target, anchor_rule=self.anchor_rule,
                          fixed_anchor=self.fixed_anchor, max_micro_batch=self.max_micro_batch)
