@@ -34,7 +34,6 @@ import errno
 import hashlib
 import json
 import os
-import re
 import signal
 import struct
 import time
@@ -183,25 +182,22 @@ def _write_error(exc: OSError, target: Path) -> CheckpointWriteError:
                                 "write checkpoints to another directory (flodl-hf train: --checkpoint-dir)")
 
 
-def _save_tensors(save_file: Any, tensors: dict, tmp: Path) -> None:
-    """``safetensors.torch.save_file``, its I/O failures turned back into the OSError they were (safetensors' Rust
-    writer reports a full disk as ``SafetensorError: ... I/O error: ... (os error 28)``)."""
-    try:
-        save_file(tensors, str(tmp), metadata={"format": FORMAT_NAME})
-    except OSError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - SafetensorError is not importable under one name everywhere
-        code = re.search(r"os error (\d+)", str(exc))
-        if code is None:
-            raise
-        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(tmp)) from exc
+def _save_tensors(tensors: dict, tmp: Path) -> tuple[int, str]:
+    """Serialise ``tensors`` with safetensors in memory and write the bytes to ``tmp`` ourselves; returns (size,
+    sha256). Not ``save_file``: its Rust writer creates a temporary file of its own (``.tmpXXXXXX``) beside the
+    target, which a SIGKILL mid-write left in the checkpoint directory, a file flodl-hf could not recognise as its
+    own. The cost is one in-memory copy of the tensors while writing."""
+    from safetensors.torch import save
+
+    data = save(tensors, metadata={"format": FORMAT_NAME})
+    with open(tmp, "wb") as fh:  # a full disk is the OSError it is (ENOSPC / EFBIG)
+        fh.write(data)
+    return len(data), hashlib.sha256(data).hexdigest()
 
 
 def write_state(manifest: PathLike, state: Any, kind: str) -> Path:
     """Write ``state`` (a nested dict of tensors and plain values) as the checkpoint ``manifest`` names, atomically
     (see the module docstring); returns the manifest path. The caller holds the directory's lock."""
-    from safetensors.torch import save_file
-
     from .checkpoint_tree import encode
 
     target = Path(manifest)
@@ -220,9 +216,8 @@ def write_state(manifest: PathLike, state: Any, kind: str) -> Path:
         remove_stale_temporaries(target.parent, [target.name, *slots])
         with atomic_path(new_path) as tmp:
             _fault("tensors-open", tmp)
-            _save_tensors(save_file, tensors, tmp)
-            os.chmod(tmp, default_file_mode())  # after: safetensors re-creates the file (0600)
-            size, digest = _sha256(tmp)
+            size, digest = _save_tensors(tensors, tmp)
+            os.chmod(tmp, default_file_mode())  # mkstemp makes 0600
             _fault("tensors-written", tmp)
         slot_in_place = True
         _fault("tensors-renamed", new_path)
