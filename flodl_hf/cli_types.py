@@ -40,21 +40,22 @@ def int_at_least(minimum: int) -> Any:
     return parse
 
 
-def positive_float(text: str) -> float:
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def positive_float(text: str) -> float:
+    value = _number(text)
     if not value > 0 or value != value or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text} must be a positive number")
     return value
 
 
 def fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    value = _number(text)
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"{text} must be a fraction in [0, 1), e.g. 0.1")
     return value
@@ -75,10 +76,7 @@ def speed_hint(text: str) -> tuple[int, float]:
 
 
 def overhead(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    value = _number(text)
     if not 0.01 <= value <= 0.5:
         raise argparse.ArgumentTypeError(f"{text} is out of range: use a fraction of compute time in [0.01, 0.5], "
                                          "e.g. 0.1")
@@ -104,5 +102,3 @@ def name_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of names, e.g. neg,neu,pos")
     return names
 
-
-# --- parser ---------------------------------------------------------------------------------------------------

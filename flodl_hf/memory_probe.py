@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
-__all__ = ["largest_fitting", "probe_batch", "probe_micro_batch", "probe_graph_caps", "OUT_OF_MEMORY", "PROBE_ROWS"]
+__all__ = ["largest_fitting", "longest_item", "probe_micro_batch", "probe_graph_caps", "OUT_OF_MEMORY", "PROBE_ROWS"]
 
 #: The exception class that means "does not fit" (CUDA allocators raise it; tests raise it to stand in for one).
 OUT_OF_MEMORY: type = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
@@ -68,12 +68,10 @@ def _length(item: Any) -> int:
     return 0
 
 
-def probe_batch(dataset: Sequence[Any], collate: Optional[Callable[[list], Any]], n: int) -> Any:
-    """A batch of ``n`` copies of the longest of the dataset's first :data:`PROBE_ROWS` samples, collated."""
+def longest_item(dataset: Sequence[Any]) -> Any:
+    """The longest of the dataset's first :data:`PROBE_ROWS` samples: the probe's batches are copies of it."""
     rows = min(len(dataset), PROBE_ROWS)
-    longest = max(range(rows), key=lambda i: _length(dataset[i]))
-    items = [dataset[longest]] * n
-    return collate(items) if collate is not None else items
+    return dataset[max(range(rows), key=lambda i: _length(dataset[i]))]
 
 
 def _outputs_loss(out: Any) -> torch.Tensor:
@@ -99,8 +97,11 @@ def probe_micro_batch(module: torch.nn.Module, device: torch.device, dataset: Se
     every try (for logs and benchmarks)."""
     import contextlib
 
+    longest = longest_item(dataset)  # found once, not on every try
+
     def fits(n: int) -> bool:
-        batch = probe_batch(dataset, collate, n)
+        items = [longest] * n
+        batch = collate(items) if collate is not None else items
         enc = batch[0] if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], Mapping) else batch
         if not isinstance(enc, Mapping):
             raise ValueError("max_micro_batch='auto' needs batches of model inputs by name (a task head's collate, "

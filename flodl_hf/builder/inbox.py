@@ -17,9 +17,17 @@ import logging
 from multiprocessing.connection import wait
 from typing import Any, Optional, Sequence
 
-__all__ = ["Inbox"]
+__all__ = ["Inbox", "release_write_ends"]
 
 log = logging.getLogger("flodl_hf.builder")
+
+
+def release_write_ends(queues: Sequence[Any]) -> None:
+    """Close this process's write ends of ``queues`` (call once every worker has started: they hold their own)."""
+    for q in queues:
+        writer = getattr(q, "_writer", None)
+        if writer is not None and getattr(q, "_thread", None) is None:
+            writer.close()
 
 
 class Inbox:
@@ -29,13 +37,6 @@ class Inbox:
         self.queues = list(queues)
         self._open = set(range(len(self.queues)))
         self._next = 0  # round robin: a chatty worker cannot starve the others
-
-    def release_write_ends(self) -> None:
-        """Close this process's write ends (call once every worker has started: they hold their own)."""
-        for q in self.queues:
-            writer = getattr(q, "_writer", None)
-            if writer is not None and getattr(q, "_thread", None) is None:
-                writer.close()
 
     def _readers(self) -> dict[Any, int]:
         return {q._reader: r for r, q in enumerate(self.queues) if r in self._open}

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 from ..distributed.context import DistributedError
 from .board import Board
 from .data import pack_dataset
-from .inbox import Inbox
+from .inbox import release_write_ends
 from .settings import BuilderSettings
 from .step import Recipe
 
@@ -97,7 +97,7 @@ def start_workers(s: BuilderSettings, recipe: Recipe, devices: list[str]) -> Wor
             p.kill()
             p.join(timeout=2.0)
         raise ValueError(start_error(exc, recipe)) from exc
-    Inbox(events).release_write_ends()
+    release_write_ends(events)
     return Workers(procs, events, cmds, board, devices, speeds, spec.startup_timeout_s)
 
 

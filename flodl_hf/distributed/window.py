@@ -125,21 +125,22 @@ class WindowRuntime:
     def _agreed_layout(self) -> list[bool]:
         """Parameters trainable on some rank at setup (one-off all-reduce, so every rank builds the same buckets)."""
         flags = torch.tensor([1.0 if p.requires_grad else 0.0 for p in self.params], dtype=torch.float32)
-        if self.side is not None:
-            dist.all_reduce(flags, group=self.side)
-        else:
-            dist.all_reduce(flags)
+        self._setup_sum(flags)
         return [f > 0.5 for f in flags.tolist()]
+
+    def _setup_sum(self, t: torch.Tensor) -> None:
+        """A one-off SUM all-reduce of a small CPU tensor at setup (over the gloo side group where there is one)."""
+        if self.side is not None:
+            dist.all_reduce(t, group=self.side)
+        else:
+            dist.all_reduce(t)
 
     def gather_caps(self, own: int, error: Optional[BaseException] = None) -> list[int]:
         """Every rank's probed micro-batch cap (a one-off all-reduce at setup). A rank whose probe failed takes
         part with -1, so the others fail with its name instead of waiting for it."""
         caps = torch.zeros(self.world, dtype=torch.float64)
         caps[self.rank] = -1.0 if error is not None else float(own)
-        if self.side is not None:
-            dist.all_reduce(caps, group=self.side)
-        else:
-            dist.all_reduce(caps)
+        self._setup_sum(caps)
         got = [int(c) for c in caps.tolist()]
         if error is not None:
             raise error
