@@ -17,42 +17,20 @@ uploads it with a card.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, ClassVar, Optional, Sequence, Union
 
 import torch
 
-from flodl_hf.graph import Graph
-
-from . import _encode, _hub, _inputs, _io, _load, _losses, _run, _save
-from ._io import CheckpointError, HeadKeys, PathLike
+from . import _encode, _inputs, _losses, _run
+from ._io import PathLike
+from ._task import DEFAULT_MAX_LENGTH, Encoding, TaskHead, TransformersClass
 
 __all__ = ["SequenceClassificationHead", "TransformersClass", "DEFAULT_MAX_LENGTH"]
-DEFAULT_MAX_LENGTH = _load.DEFAULT_MAX_LENGTH
-
-Encoding = dict[str, torch.Tensor]
 Prediction = list[tuple[str, float]]
 
 
-class TransformersClass:
-    """A class attribute naming a transformers class, imported on first access.
-
-    Family modules use it so that ``import heads`` does not import transformers' model code (seconds of start-up
-    for the CLI and every process that only needs one family).
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj: Any, owner: Any = None) -> Any:
-        import transformers
-
-        return getattr(transformers, self.name)
-
-
-class SequenceClassificationHead:
+class SequenceClassificationHead(TaskHead):
     """A text classifier to fine-tune: a transformers ``*ForSequenceClassification`` model inside a ``Graph``.
 
     Build one with :meth:`from_pretrained` (a checkpoint directory), :meth:`from_config` (fresh weights) or
@@ -60,51 +38,10 @@ class SequenceClassificationHead:
     :meth:`predict` switches to eval mode and back. Subclasses set the class attributes below.
     """
 
-    model_type: ClassVar[str] = ""
-    """``config.model_type`` this family handles, e.g. ``"bert"``."""
-    config_class: ClassVar[Any] = None
-    """The transformers config class, e.g. ``BertConfig``."""
-    model_class: ClassVar[Any] = None
-    """The transformers model class, e.g. ``transformers.BertForSequenceClassification``."""
-    input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask")
-    """The tokenizer outputs the model takes (``encode`` returns exactly these)."""
-    head_keys: ClassVar[HeadKeys] = HeadKeys(head=(), optional=(), classifier="")
-    """Where the task head lives in the state dict (see :class:`heads._io.HeadKeys`)."""
-
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any = None,
-        *,
-        max_length: int = DEFAULT_MAX_LENGTH,
-        device: Optional[Union[torch.device, str]] = None,
-    ) -> None:
-        if self.model_class is None:
-            raise TypeError(
-                "SequenceClassificationHead is the shared base: use a family class such as "
-                "BertForSequenceClassification, or AutoHeadForSequenceClassification"
-            )
-        if not isinstance(model, self.model_class):
-            raise TypeError(
-                f"{type(self).__name__} wraps a {self.model_class.__name__}, got {type(model).__name__}"
-            )
-        if device is not None:
-            model = model.to(device)
-        model.train()
-        self._graph = Graph(model, device)
-        self.tokenizer = tokenizer
-        self.max_length = max_length
+    task: ClassVar[str] = "text-classification"
+    auto_name: ClassVar[str] = "AutoHeadForSequenceClassification"
 
     # --- construction -------------------------------------------------------------------------------------
-    @classmethod
-    def _check_model_type(cls, model_type: str) -> None:
-        if model_type != cls.model_type:
-            raise CheckpointError(
-                f"{cls.__name__} handles model_type {cls.model_type!r} but the config says "
-                f"{model_type!r}: use AutoHeadForSequenceClassification, which picks the family "
-                "from config.model_type"
-            )
-
     @classmethod
     def from_pretrained(
         cls,
@@ -138,110 +75,17 @@ class SequenceClassificationHead:
         wrap known families). Every loading failure raises ``CheckpointNotFoundError`` or ``CheckpointError``
         naming the file or key; nothing half-loaded is returned.
         """
-        options = _hub.load_options(
-            revision=revision, dtype=dtype, torch_dtype=torch_dtype, local_files_only=local_files_only,
-            cache_dir=cache_dir, token=token, trust_remote_code=trust_remote_code,
+        return cls._from_pretrained(
+            path_or_id, num_labels=num_labels, labels=labels, max_length=max_length, problem_type=problem_type,
+            tokenizer=tokenizer, revision=revision, dtype=dtype, torch_dtype=torch_dtype,
+            local_files_only=local_files_only, cache_dir=cache_dir, token=token,
+            trust_remote_code=trust_remote_code,
         )
-        model, tokenizer, max_length = _load.load_parts(
-            cls.model_class, cls.head_keys, cls._check_model_type, path_or_id, num_labels=num_labels,
-            labels=labels, max_length=max_length, problem_type=problem_type, tokenizer=tokenizer, options=options,
-        )
-        return cls(model, tokenizer, max_length=max_length)
-
-    @classmethod
-    def from_config(
-        cls,
-        config: Any,
-        num_labels: Optional[int] = None,
-        tokenizer: Any = None,
-        *,
-        labels: Optional[Sequence[str]] = None,
-        max_length: int = DEFAULT_MAX_LENGTH,
-        device: Optional[Union[torch.device, str]] = None,
-    ) -> "SequenceClassificationHead":
-        """A head with freshly initialised weights (seed torch first for reproducibility). ``config`` is copied."""
-        cls._check_model_type(getattr(config, "model_type", None))
-        config = copy.deepcopy(config)
-        _inputs.apply_labels(config, num_labels, labels)
-        max_length = _inputs.check_max_length(max_length)
-        with torch.device(device if device is not None else "cpu"):
-            model = cls.model_class(config)
-        return cls(model, tokenizer, max_length=max_length, device=device)
-
-    @classmethod
-    def on_device(
-        cls, config: Any, num_labels: int, device: Union[torch.device, str]
-    ) -> "SequenceClassificationHead":
-        """A fresh head built directly on ``device``, without tokenizer: the replica factory of
-        ``Trainer.setup_head`` (which then copies rank 0's weights into every replica)."""
-        return cls.from_config(config, num_labels, device=device)
-
-    # --- the live model and its description ---------------------------------------------------------------
-    def graph(self) -> Graph:
-        """The Graph that owns this head's model (the ``HasGraph`` protocol)."""
-        return self._graph
-
-    @property
-    def model(self) -> Any:
-        """The live transformers model (``graph().module``, unwrapped from any wrapper such as DDP/compile)."""
-        module = self._graph.module
-        model_class = self.model_class
-        while not isinstance(module, model_class):
-            inner = getattr(module, "module", None)
-            if not isinstance(inner, torch.nn.Module):
-                inner = getattr(module, "_orig_mod", None)  # torch.compile's wrapper
-            if not isinstance(inner, torch.nn.Module):
-                break
-            module = inner
-        return module
-
-    def config(self) -> Any:
-        """The transformers config of the live model."""
-        return self.model.config
-
-    @property
-    def num_labels(self) -> int:
-        return int(self.config().num_labels)
-
-    def labels(self) -> list[str]:
-        """Label names in id order (``LABEL_k`` where the config names none)."""
-        id2label = self.config().id2label or {}
-        return [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(self.num_labels)]
 
     @property
     def problem_type(self) -> str:
         """The effective problem type (see ``heads._losses``)."""
         return _losses.problem_type_of(self.config())
-
-    @property
-    def max_length(self) -> int:
-        """Tokens per text after truncation: the requested value, capped at what the model's positions allow."""
-        limit = self.max_positions(self.config())
-        return self._max_length if limit is None else min(self._max_length, limit)
-
-    @max_length.setter
-    def max_length(self, value: int) -> None:
-        self._max_length = _inputs.check_max_length(value)
-
-    @classmethod
-    def max_positions(cls, config: Any) -> Optional[int]:
-        """The longest input the model can embed (None: unbounded). Families with offset positions override."""
-        return getattr(config, "max_position_embeddings", None)
-
-    def train(self, mode: bool = True) -> "SequenceClassificationHead":
-        """Put the live model in train mode (``mode=False``: eval mode), like ``nn.Module.train``."""
-        self._graph.module.train(mode)
-        return self
-
-    def eval(self) -> "SequenceClassificationHead":
-        """Put the live model in eval mode (no dropout)."""
-        return self.train(False)
-
-    def to(self, device: Union[torch.device, str]) -> "SequenceClassificationHead":
-        """Move the model to ``device`` (single-device use; ``Trainer.setup_head`` does this on N ranks)."""
-        self._graph.module = self._graph.module.to(device)
-        self._graph.device = torch.device(device)
-        return self
 
     # --- inputs -------------------------------------------------------------------------------------------
     def encode(
@@ -254,18 +98,14 @@ class SequenceClassificationHead:
         pairs = _inputs.check_pairs(texts, text_pairs, "encode")
         if not texts:
             raise ValueError("encode got no texts: give at least one")
-        if self.tokenizer is None:
-            raise RuntimeError(
-                f"this {type(self).__name__} has no tokenizer (heads built by on_device/from_config "
-                "have none): set head.tokenizer = AutoTokenizer.from_pretrained(...)"
-            )
+        self._require_tokenizer()
         limit = self.max_length if max_length is None else min(_inputs.check_max_length(max_length), self.max_length)
         return _encode.tokenize(
             self.tokenizer,
             texts,
             pairs,
             limit=limit,
-            pad_to_multiple_of=_inputs.pad_multiple(self._graph.device, limit, self.max_positions(self.config())),
+            pad_to_multiple_of=self._pad_multiple(limit),
             input_names=self.input_names,
             device=self._graph.device,
         )
@@ -296,17 +136,9 @@ class SequenceClassificationHead:
         return enc, None if tensor is None else tensor.to(self._graph.device)
 
     # --- compute ------------------------------------------------------------------------------------------
-    def _to_device(self, enc: Mapping[str, Any]) -> Encoding:
-        if not isinstance(enc, Mapping) or "input_ids" not in enc:
-            raise ValueError("enc must be the dict that encode()/collate() returns (with 'input_ids')")
-        device = self._graph.device
-        return {name: torch.as_tensor(enc[name]).to(device) for name in self.input_names if name in enc}
-
     def forward(self, enc: Mapping[str, Any]) -> torch.Tensor:
         """Logits ``[B, num_labels]`` for an encoded batch, under the graph's autocast."""
-        enc = self._to_device(enc)
-        with self._graph.autocast():
-            output = self._graph.module(**enc)
+        output = self._run_model(enc)
         return output.logits if hasattr(output, "logits") else output[0]
 
     def __call__(self, enc: Optional[Mapping[str, Any]] = None, /, labels: Any = None, **inputs: Any) -> Any:
@@ -358,42 +190,3 @@ class SequenceClassificationHead:
         and restores each module's train/eval mode afterwards.
         """
         return _run.predict_all(self, texts, text_pairs, top_k, batch_size)
-
-    # --- output -------------------------------------------------------------------------------------------
-    def save_pretrained(self, directory: PathLike) -> Path:
-        """Write a standard transformers directory: config.json (with id2label/label2id), model.safetensors and
-        the tokenizer files. Loads with ``AutoModelForSequenceClassification`` / ``AutoTokenizer``. The tokenizer's
-        ``model_max_length`` is saved as this head's ``max_length``, so ``pipeline("text-classification",
-        model=directory, truncation=True)`` truncates exactly like :meth:`predict` (this head's tokenizer object
-        is left unchanged).
-
-        Atomic: written to a temporary directory beside ``directory`` and renamed into place. An existing model
-        directory (with config.json) is replaced; any other non-empty directory is refused (FileExistsError).
-        Same weights give byte-identical safetensors files. On N ranks, call it on the main rank only.
-        """
-        model, tokenizer, max_length = self.model, self.tokenizer, self.max_length
-
-        def write(tmp: Path) -> None:
-            with _io.quiet_transformers():
-                model.save_pretrained(tmp)
-                if tokenizer is not None:
-                    _save.save_tokenizer(tokenizer, tmp, max_length, self.input_names)
-            _save.write_label_maps(tmp / "config.json", self.labels())
-
-        return _save.atomic_save(directory, write)
-
-    def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
-        """Upload the model, tokenizer and a model card to the Hub repository ``repo_id`` (created if needed).
-
-        Keywords: ``card`` (a :class:`flodl_hf.cards.CardInfo` for the full card; None: a short card without
-        scores), ``token``, ``private``, ``revision``, ``commit_message``, ``create_pr``. Refuses (ValueError)
-        before writing anything when ``HF_HUB_OFFLINE`` is set or no token is available. Returns huggingface_hub's
-        ``CommitInfo``; :func:`flodl_hf.hub.plan_push` shows what is sent.
-        """
-        return _hub.push_head(self, repo_id, **kwargs)
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(num_labels={self.num_labels}, labels={self.labels()!r}, "
-            f"device={self._graph.device}, tokenizer={'yes' if self.tokenizer is not None else 'none'})"
-        )

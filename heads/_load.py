@@ -40,6 +40,7 @@ def load_parts(
     problem_type: Optional[str],
     tokenizer: Any,
     options: LoadOptions,
+    apply_labels: Callable[[Any, Optional[int], Optional[Sequence[str]]], None] = _inputs.apply_labels,
 ) -> tuple[Any, Any, int]:
     """``(model, tokenizer, max_length)`` of a checkpoint, loaded strictly (see ``_io``)."""
     if max_length is not None:
@@ -50,7 +51,7 @@ def load_parts(
         )
     hub = options.hub_kwargs()
     config = _io.load_config(path_or_id, check_type, hub)
-    _inputs.apply_labels(config, num_labels, labels)
+    apply_labels(config, num_labels, labels)
     if problem_type is not None:
         config.problem_type = problem_type
     asked = (
