@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 __all__ = ["CardInfo", "build_model_card", "write_model_card", "check_model_card", "upgrade_card_metadata",
-           "write_basic_card",
+           "write_basic_card", "write_task_card", "TASK_PIPELINE_TAGS",
            "LIBRARY_NAME", "FLODL_TAG", "PIPELINE_TAG", "default_template_path"]
 
 LIBRARY_NAME = "transformers"
@@ -27,6 +27,8 @@ LIBRARY_NAME = "transformers"
 FLODL_TAG = "flodl-hf"
 """Tag that marks a model trained with flodl-hf (it used to be the ``library_name``)."""
 PIPELINE_TAG = "text-classification"
+TASK_PIPELINE_TAGS = (PIPELINE_TAG, "token-classification", "question-answering", "fill-mask")
+"""The Hub pipeline tags of the tasks flodl-hf trains (``flodl-hf train --task``)."""
 _REQUIRED_METADATA = ("library_name", "pipeline_tag", "tags", "metrics")
 
 
@@ -197,8 +199,8 @@ def check_model_card(path: Union[str, Path], *, scores: bool = True) -> Any:
                 _check_hub_id(name)
             except ValueError as exc:
                 problems.append(str(exc))
-    if data.get("pipeline_tag") not in (None, PIPELINE_TAG):
-        problems.append(f"pipeline_tag is {data.get('pipeline_tag')!r}, expected {PIPELINE_TAG!r}")
+    if data.get("pipeline_tag") not in (None, *TASK_PIPELINE_TAGS):
+        problems.append(f"pipeline_tag is {data.get('pipeline_tag')!r}, expected one of {', '.join(TASK_PIPELINE_TAGS)}")
     results = data.get("eval_results") or []
     if not results and scores:
         problems.append("no model-index evaluation results")
@@ -277,4 +279,63 @@ def write_basic_card(directory: Union[str, Path], *, model_name: str, labels: Se
     path = Path(directory) / filename
     ModelCard(text).save(path)
     check_model_card(path, scores=False)
+    return path
+
+
+_TASK_USAGE = {
+    "token-classification": ('tagger = pipeline("token-classification", model=MODEL, aggregation_strategy="simple")',
+                             'tagger("What a great day!")'),
+    "question-answering": ('qa = pipeline("question-answering", model=MODEL)',
+                           'qa(question="Which word is positive?", context="What a great day!")'),
+    "fill-mask": ('fill = pipeline("fill-mask", model=MODEL)', 'fill(f"What a {fill.tokenizer.mask_token} day!")'),
+}
+
+
+def write_task_card(directory: Union[str, Path], *, task: str, model_name: str, scores: dict, dataset_name: str,
+                    dataset_description: str, training: dict, base_model: Optional[str] = None,
+                    base_model_path: str = "", model_type: Optional[str] = None,
+                    language: Optional[Union[str, list]] = None, extra_tags: Sequence[str] = (),
+                    labels: Sequence[str] = (), baselines: Optional[dict] = None,
+                    dataset_hub_id: Optional[str] = None, loss_curve: Optional[str] = "loss_curve.png",
+                    filename: str = "README.md") -> Path:
+    """The card of a ``flodl-hf train --task`` model (token classification, question answering, fill-mask): the
+    same metadata conventions as the classifier card, ``pipeline_tag`` the task, the held-out ``scores``
+    (name -> value) as evaluation results, the ``baselines`` they beat, the training table and the loss curve."""
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+    if task not in _TASK_USAGE:
+        raise ValueError(f"task {task!r} has no task card: use one of {', '.join(_TASK_USAGE)} (text-classification "
+                         "models get write_model_card)")
+    if not scores:
+        raise ValueError("scores is empty: a task card needs the held-out scores")
+    if dataset_hub_id is not None:
+        _check_hub_id(dataset_hub_id)
+    results = [EvalResult(task_type=task, dataset_type=dataset_hub_id or "local", dataset_name=dataset_name,
+                          dataset_split="held-out", metric_type=name, metric_value=round(float(value), 4))
+               for name, value in scores.items()]
+    tags = [FLODL_TAG, task] + ([model_type] if model_type else []) + list(extra_tags)
+    data = ModelCardData(base_model=base_model, datasets=[dataset_hub_id] if dataset_hub_id else None,
+                         eval_results=results, language=language, library_name=LIBRARY_NAME, metrics=list(scores),
+                         model_name=model_name, pipeline_tag=task, tags=tags)
+    base = f"`{base_model}`" if base_model else f"`{_cell(base_model_path)}`"
+    lines = [f"# {_cell(model_name)}", "",
+             f"A {task} model fine-tuned with [flodl-hf](https://pypi.org/project/flodl-hf/) from {base} on "
+             f"{dataset_description}.", ""]
+    if labels:
+        lines += [f"Tags ({len(labels)}): {', '.join(_cell(label) for label in labels)}.", ""]
+    lines += ["## Held-out scores", "", "| metric | value |", "|---|---|"]
+    lines += [f"| {_cell(name)} | {float(value):.4f} |" for name, value in scores.items()]
+    for name, values in (baselines or {}).items():
+        shown = ", ".join(f"{k} {float(v):.4f}" for k, v in values.items() if isinstance(v, (int, float)))
+        lines += ["", f"Baseline, {_cell(name)}: {shown}."]
+    build, call = _TASK_USAGE[task]
+    lines += ["", "## How to use", "", "```python", "from transformers import pipeline", "",
+              f"MODEL = \"{_cell(model_name)}\"", build, call, "```", "", "## Training", "",
+              "| setting | value |", "|---|---|"]
+    lines += [f"| {_cell(k)} | {_cell(v)} |" for k, v in training.items()]
+    if loss_curve:
+        lines += ["", f"![loss curve]({loss_curve})"]
+    path = Path(directory) / filename
+    ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n").save(path)
+    check_model_card(path)
     return path

@@ -192,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--trust-pickle", action="store_true",
                          help="required: you trust the file (opening a pickle can run code)")
 
+    from .tasks.options import add_task_arguments
+
+    add_task_arguments(train, predict, evaluate)
     sub.add_parser("bench", add_help=False,
                    help="compare El Che with DDP, Accelerate and builder mode (`flodl-hf bench --help`)")
     return parser
@@ -224,8 +227,13 @@ def run_train(args: Any) -> dict:
     from .job.settings import TrainSettings
     from .job.run import run_train as job
 
-    settings = args if isinstance(args, TrainSettings) else settings_from_args(args)
+    task = getattr(args, "task", "text-classification")
+    settings = args if isinstance(args, TrainSettings) or task != "text-classification" else settings_from_args(args)
     try:
+        if task != "text-classification":
+            from .tasks.commands import run_task_train
+
+            return run_task_train(args)
         return job(settings, _LazyHeadClass())
     finally:
         context = sys.modules.get("flodl_hf.distributed.context")
@@ -277,6 +285,11 @@ def _cmd_train(args: argparse.Namespace, argv: Sequence[str] = ("train",)) -> in
 
 def _cmd_predict(args: argparse.Namespace) -> int:
     from .preflight import check_model_dir, check_texts, check_trained
+    from .tasks.commands import cmd_predict, route
+
+    task = route(args, "predict")
+    if task != "text-classification":
+        return cmd_predict(args, task)
 
     check_texts(args.texts)
     pairs = args.pair
@@ -313,6 +326,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from .ownership import check_output_file, writable_parent
     from .preflight import check_model_dir, check_trained, model_labels
     from .job.problems import headline, problem_from_config
+    from .tasks.commands import cmd_eval, route
+
+    task = route(args, "eval")
+    if task != "text-classification":
+        return cmd_eval(args, task)
 
     if args.json:
         writable_parent(args.json, "--json")
