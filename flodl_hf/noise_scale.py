@@ -50,7 +50,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Optional
 
-__all__ = ["window_estimates", "NoiseScale", "WindowNoise", "statistical_efficiency", "adascale_gain"]
+__all__ = ["window_estimates", "pooled_estimates", "NoiseScale", "WindowNoise", "statistical_efficiency", "adascale_gain"]
 
 DEFAULT_DECAY = 0.9  # EMA weight of the past: about ten windows of memory
 
@@ -81,12 +81,24 @@ def window_estimates(small_sq: Sequence[float], items: Sequence[float],
             raise ValueError(f"rank {r}: small_sq={sq!r}, items={n!r} are invalid: both must be >= 0")
         if n > 0:
             pairs.append((sq, n))
-    k = len(pairs)
-    if k < 2:
+    return pooled_estimates(sum(n * sq for sq, n in pairs), sum(n for _, n in pairs), len(pairs), big)
+
+
+def pooled_estimates(weighted_sq_sum: float, total: float, ranks: int,
+                     big_sq: float) -> Optional[tuple[float, float]]:
+    """:func:`window_estimates` from what one scalar all-reduce gives: ``weighted_sq_sum = sum_r B_r |G_r|^2``,
+    ``total = sum_r B_r`` and ``ranks``, the number of ranks with ``B_r > 0`` (builder mode's SYNC rounds sum
+    these across ranks instead of gathering per-rank lists). None when fewer than two ranks counted items."""
+    big = _finite("big_sq", big_sq)
+    weighted, total = _finite("weighted_sq_sum", weighted_sq_sum), _finite("total", total)
+    if big < 0 or weighted < 0 or total < 0:
+        raise ValueError(f"big_sq={big_sq!r}, weighted_sq_sum={weighted_sq_sum!r} and total={total!r} must be >= 0")
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 0:
+        raise ValueError(f"ranks={ranks!r} is invalid: pass the number of ranks that counted items")
+    if ranks < 2 or total <= 0:
         return None
-    total = sum(n for _, n in pairs)
-    s = sum(n * sq for sq, n in pairs) / total
-    return (k * big - s) / (k - 1), total * (s - big) / (k - 1)
+    s = weighted / total
+    return (ranks * big - s) / (ranks - 1), total * (s - big) / (ranks - 1)
 
 
 class NoiseScale:
@@ -131,7 +143,13 @@ class NoiseScale:
 
     def update(self, small_sq: Sequence[float], items: Sequence[float], big_sq: float) -> bool:
         """Fold one window in; False (nothing changed) when it cannot give an estimate."""
-        est = window_estimates(small_sq, items, big_sq)
+        return self._fold(window_estimates(small_sq, items, big_sq))
+
+    def update_pooled(self, weighted_sq_sum: float, total: float, ranks: int, big_sq: float) -> bool:
+        """:meth:`update` from :func:`pooled_estimates`' inputs (sums over ranks instead of per-rank lists)."""
+        return self._fold(pooled_estimates(weighted_sq_sum, total, ranks, big_sq))
+
+    def _fold(self, est: Optional[tuple[float, float]]) -> bool:
         if est is None:
             return False
         g2, tr = est

@@ -14,6 +14,7 @@ import torch
 
 from dist_helpers import run_ranks, values
 from flodl_hf import ApplyPolicy, AverageBackend, Trainer
+from flodl_hf.noise_scale import NoiseScale
 from flodl_hf.partition import epoch_permutation
 
 pytestmark = pytest.mark.timeout(240)
@@ -31,15 +32,27 @@ def _reference_sync(n: int, batch: int, epochs: int, world: int, clip: float | N
             own[i % world].append(perm[i * batch:(i + 1) * batch])
     model = ex.make_model(torch.device("cpu"))
     opt = ex.adamw(model.parameters())
+    noise, noise_after = NoiseScale(), []
     for j in range(max(len(o) for o in own)):
+        small, items = [], []
+        for r in range(world):  # each rank's own gradient at this round's parameters, for the noise estimate
+            if j < len(own[r]):
+                ex.loss_fn(model, (data.x[own[r][j]], data.y[own[r][j]])).backward()
+                small.append(sum(float(p.grad.double().square().sum()) for p in model.parameters()
+                                 if p.grad is not None))
+                items.append(float(len(own[r][j])))
+                opt.zero_grad(set_to_none=True)
         idx = [i for r in range(world) if j < len(own[r]) for i in own[r][j]]
         loss = ex.loss_fn(model, (data.x[idx], data.y[idx]))
         loss.backward()
+        big = sum(float(p.grad.double().square().sum()) for p in model.parameters() if p.grad is not None)
+        if noise.update(small, items, big):
+            noise_after.append(noise.noise_scale)
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return model.state_dict()
+    return {"state": model.state_dict(), "noise_after": noise_after}
 
 
 @pytest.mark.parametrize("backend", [AverageBackend.NCCL, AverageBackend.CPU])
@@ -51,8 +64,17 @@ def test_sync_with_adamw_equals_one_process_on_the_concatenated_batches(backend,
          .timeout(30).progress(False).start_method("forkserver"))
     if clip is not None:
         b = b.max_grad_norm(clip)
-    state = b.run().join(timeout=200)
-    reference = _reference_sync(n, batch, epochs, world, clip)
+    handle = b.run()
+    state = handle.join(timeout=200)
+    ref = _reference_sync(n, batch, epochs, world, clip)
+    reference = ref["state"]
+    # the noise scale each epoch reports is the one-process estimate after some prefix of the rounds (which
+    # prefix depends on when the epoch's last report overtook its round): the workers' own gradients and their
+    # average, weighted by samples, give the same figures as the reference's per-rank and concatenated gradients
+    reported = [m.noise_scale for m in handle.metrics]
+    assert len(reported) == epochs and all(v is not None for v in reported), reported
+    for value in reported:
+        assert any(value == pytest.approx(r, rel=1e-4) for r in ref["noise_after"]), (value, ref["noise_after"][-5:])
     got = state.state_dict()
     assert list(got) == list(reference)
     for key in reference:
@@ -112,6 +134,8 @@ def test_cadence_with_max_batch_diff_finishes(backend):
               .progress(False).start_method("forkserver").run())
     state = handle.join(timeout=150)
     assert state.epochs == 2 and sum(m.samples for m in handle.metrics) == 2 * 480
+    # replicas step on their own under CADENCE: no round holds gradients of one set of parameters to estimate from
+    assert [m.noise_scale for m in handle.metrics] == [None, None]
 
 
 def test_two_concurrent_collective_runs_bind_their_own_ports():
@@ -165,11 +189,11 @@ def _collective_rank(rank: int, world: int) -> dict:
     if rank == 2:
         grads[1].grad = torch.ones(2)
     samples = [8, 0, 4][rank]
-    g_total, g_done, g_batches = allreduce.average_gradients(grads, [], samples, rank == 1, torch.device("cpu"),
+    g_total, g_done, g_batches, g_noise = allreduce.average_gradients(grads, [], samples, rank == 1, torch.device("cpu"),
                                                              world, bucket=3)
     dist.destroy_process_group()
     return {"before": before, "after": params, "buffers": buffers, "distance": distance, "total": total,
-            "done": done, "grads": [None if p.grad is None else p.grad for p in grads], "g": (g_total, g_done,
+            "done": done, "grads": [None if p.grad is None else p.grad for p in grads], "noise": g_noise, "g": (g_total, g_done,
                                                                                               g_batches)}
 
 
@@ -186,6 +210,9 @@ def test_bucketed_collective_averages_weight_idle_ranks_zero_and_keep_missing_gr
         assert o["distance"] == pytest.approx(float((local - flat_ref).norm() / flat_ref.norm()), rel=1e-5)
         assert o["total"] == 5 and o["done"] is False
         assert o["g"] == (12, False, 2)
+        # noise inputs: sum_r B_r |G_r|^2 = 8 * 4 + 4 * (4 * 9 + 2), B = 12, two ranks with items, |G_big|^2 of
+        # the average ([5/3] * 4, [1/3] * 2): one scalar all-reduce, no extra collective
+        assert o["noise"] == pytest.approx((184.0, 12.0, 2, 102.0 / 9.0))
         # sample-weighted mean: (8 * 1 + 0 + 4 * 3) / 12; rank 1 had no batch and no gradient
         torch.testing.assert_close(o["grads"][0], torch.full((4,), 20.0 / 12))
         torch.testing.assert_close(o["grads"][1], torch.full((2,), 4.0 / 12))

@@ -476,3 +476,18 @@ def test_progressive_dispatch_off_cuts_each_epoch_into_one_slice_per_rank_by_wei
     assert pool.take(1, 100)[:10] == [(0, i) for i in range(30, 40)]
     seen = [item for r in (0, 1) for item in pool._held[r]]
     assert sorted(seen) == sorted(set(seen)) and len(seen) == 80  # every batch of both epochs once
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_average_into_measures_the_noise_norms_in_the_same_pass(seed):
+    """SYNC's CPU backend: each source's squared norm over the weighted part and the average's, against torch."""
+    from flodl_hf.builder.slots import average_into
+
+    gen = torch.Generator().manual_seed(seed)
+    n, n_weighted = 37, 29
+    sources = [torch.randn(n, generator=gen) for _ in range(3)]
+    weights = [float(w) for w in torch.randint(0, 9, (3,), generator=gen)]
+    out, norms = torch.empty(n), {}
+    average_into(out, sources, weights, n_weighted, bucket=5, divergence=False, norms=norms)
+    assert norms["sources"] == pytest.approx([float(x[:n_weighted].double().square().sum()) for x in sources])
+    assert norms["average"] == pytest.approx(float(out[:n_weighted].double().square().sum()))

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from flodl_hf.noise_scale import NoiseScale, WindowNoise, adascale_gain, statistical_efficiency, window_estimates
+from flodl_hf.noise_scale import (
+    NoiseScale,
+    WindowNoise,
+    adascale_gain,
+    pooled_estimates,
+    statistical_efficiency,
+    window_estimates,
+)
 
 
 def _expected_inputs(g2: float, trace: float, items: list[float]) -> tuple[list[float], float]:
@@ -180,3 +188,34 @@ def test_import_does_not_load_torch():
             "sys.exit(1 if 'torch' in sys.modules or 'torch.distributed' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
     assert math.isfinite(statistical_efficiency(1.0, 1, 1))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_pooled_estimates_equal_the_per_rank_form(seed):
+    """Builder SYNC sums ``B_r |G_r|^2`` and ``B_r`` in its scalar all-reduce instead of gathering lists: the
+    pooled form must give exactly the per-rank estimates (ranks with no items left out of both)."""
+    rng = random.Random(seed)
+    world = rng.randint(2, 6)
+    items = [rng.choice([0, rng.randint(1, 40)]) for _ in range(world)]
+    small = [rng.uniform(0.0, 5.0) for _ in range(world)]
+    big = rng.uniform(0.0, 3.0)
+    per_rank = window_estimates(small, items, big)
+    pooled = pooled_estimates(sum(n * s for s, n in zip(small, items)), sum(items), sum(1 for n in items if n), big)
+    if per_rank is None:
+        assert pooled is None
+    else:
+        assert pooled == pytest.approx(per_rank, rel=1e-12, abs=1e-12)
+    a, b = NoiseScale(), NoiseScale()
+    assert a.update(small, items, big) == b.update_pooled(sum(n * s for s, n in zip(small, items)), sum(items),
+                                                          sum(1 for n in items if n), big)
+    assert a.state_dict() == pytest.approx(b.state_dict())
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"weighted_sq_sum": -1.0, "total": 2.0, "ranks": 2, "big_sq": 1.0}, "must be >= 0"),
+    ({"weighted_sq_sum": 1.0, "total": 2.0, "ranks": 2.5, "big_sq": 1.0}, "ranks=2.5"),
+    ({"weighted_sq_sum": float("nan"), "total": 2.0, "ranks": 2, "big_sq": 1.0}, "finite"),
+])
+def test_pooled_estimates_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        pooled_estimates(**kwargs)

@@ -17,7 +17,18 @@ import torch
 
 from .slots import BUCKET_NUMEL
 
-__all__ = ["pieces", "reduce_scalars", "average_parameters", "average_gradients"]
+__all__ = ["pieces", "reduce_scalars", "average_parameters", "average_gradients", "squared_norm", "GradNoise"]
+
+GradNoise = tuple[float, float, int, float]
+"""A SYNC round's gradient-noise inputs: ``(sum_r B_r |G_r|^2, sum_r B_r, ranks with B_r > 0, |G_big|^2)``, what
+:func:`flodl_hf.noise_scale.pooled_estimates` takes."""
+
+
+def squared_norm(tensors: Sequence[torch.Tensor]) -> float:
+    """``sum |t|^2`` over ``tensors`` in float64, with one device synchronisation."""
+    if not tensors:
+        return 0.0
+    return float(torch.stack([torch.linalg.vector_norm(t, dtype=torch.float64).square() for t in tensors]).sum())
 
 
 def pieces(tensors: Sequence[torch.Tensor], bucket: int) -> Iterator[list[tuple[torch.Tensor, int]]]:
@@ -97,17 +108,22 @@ def average_parameters(
 def average_gradients(
     params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor], samples: int, done: bool,
     device: torch.device, world: int, bucket: int = BUCKET_NUMEL,
-) -> tuple[int, bool, int]:
+) -> tuple[int, bool, int, GradNoise]:
     """SYNC: every parameter's ``.grad`` becomes the sample-weighted mean gradient over the group (None where
     no rank had one, as on one device); floating buffers their plain mean. Returns (total samples, whether
-    this is the final round: every rank is done and none brought a batch, the batches run by all ranks)."""
+    this is the final round: every rank is done and none brought a batch, the batches run by all ranks, the
+    round's :data:`GradNoise`). The noise inputs ride in the scalar all-reduce that runs anyway: no extra
+    collective, two local norms."""
     present = [p.grad is not None for p in params]
+    local = [p.grad for p in params if p.grad is not None]
+    local_sq = squared_norm(local) if samples > 0 else 0.0
     scalars = reduce_scalars(
-        [float(samples), 1.0 if done else 0.0, 1.0 if samples > 0 else 0.0, *(1.0 if h else 0.0 for h in present)],
+        [float(samples), 1.0 if done else 0.0, 1.0 if samples > 0 else 0.0, float(samples) * local_sq,
+         *(1.0 if h else 0.0 for h in present)],
         device,
     )
-    total, done_sum, batches = scalars[0], scalars[1], int(round(scalars[2]))
-    any_grad = [v > 0.5 for v in scalars[3:]]
+    total, done_sum, batches, weighted_sq = scalars[0], scalars[1], int(round(scalars[2])), scalars[3]
+    any_grad = [v > 0.5 for v in scalars[4:]]
     for p, has in zip(params, any_grad):
         if has and p.grad is None:
             p.grad = torch.zeros_like(p)
@@ -121,4 +137,5 @@ def average_gradients(
         scale = float(samples) / total if total > 0 else 0.0
         _reduce_in_buckets(grads, scale, device, bucket, divergence=False)
     _reduce_in_buckets(buffers, 1.0 / world, device, bucket, divergence=False)
-    return int(round(total)), done_sum > world - 0.5 and total == 0, batches
+    noise = (weighted_sq, total, batches, squared_norm(grads) if total > 0 else 0.0)
+    return int(round(total)), done_sum > world - 0.5 and total == 0, batches, noise

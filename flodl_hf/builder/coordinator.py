@@ -24,6 +24,7 @@ import time
 from typing import Any, Optional
 
 from ..distributed.context import DistributedError
+from ..noise_scale import NoiseScale
 from .board import Plan
 from .checkpoint import write_checkpoint
 from .resume import first_epoch as _first_epoch, resume_meta
@@ -103,6 +104,7 @@ class Coordinator:
         self.rounds = 0
         self.global_step = 0 if s.resume_point is None else int(s.resume_point.start_step)
         self.divergence: Optional[float] = None
+        self.noise = NoiseScale()  # SYNC only: the gradient noise scale of the averaged rounds (issue 15)
         self.ended: set[int] = set()
         self.unsent = [0] * self.world  # batches run since the rank's last snapshot (CPU backend)
         self.batch_ms = [0.0] * self.world
@@ -295,6 +297,7 @@ class Coordinator:
             anchor=self.anchor.anchor,
             rounds=self.rounds,
             divergence=self.divergence,
+            noise_scale=self.noise.noise_scale,
             lost_ranks=list(self.lost),
         ):
             self.history.append(m)
@@ -331,7 +334,9 @@ class Coordinator:
 
     # -- collective backend ----------------------------------------------------------------------------------
     def _collective_round(self, msg: tuple) -> None:
-        _, r, k, batches, wall, sync_ms, divergence, final = msg
+        _, r, k, batches, wall, sync_ms, divergence, final, noise = msg
+        if noise is not None:
+            self.noise.update_pooled(*noise)
         got = self.collective_rounds.setdefault(k, {})
         got[r] = (batches, wall, sync_ms, divergence, final)
         if len(got) < self.world:
@@ -422,6 +427,8 @@ class Coordinator:
                     global_step=job.global_step)
         if not self.sync:
             self.divergence = divergence
+        elif job.noise is not None:
+            self.noise.update(*job.noise)
         wall = [res.snapshots[r].wall_ms if r in res.snapshots else 0.0 for r in range(self.world)]
         work = [res.snapshots[r].batches if r in res.snapshots else 0 for r in range(self.world)]
         sync = sum(s.sync_ms for s in res.snapshots.values()) / len(res.snapshots)

@@ -107,6 +107,9 @@ class AverageJob:
     final: bool
     recipients: list[int]
     want_state: bool
+    noise: Optional[tuple[list[float], list[float], float]] = None
+    """SYNC, set by the averager: ``(|G_r|^2 per participant, their samples, |G_big|^2)`` for
+    :meth:`flodl_hf.noise_scale.NoiseScale.update`."""
 
 
 class Averager:
@@ -149,8 +152,11 @@ class Averager:
         snaps = [res.snapshots[r] for r in res.participants]
         weights = [float(s.samples if job.sync else s.batches) for s in snaps]
         out = self.slots.begin_write(res.round)
+        norms: Optional[dict] = {} if job.sync else None
         divergence = average_into(out, [self.slots.snap[r] for r in res.participants], weights, job.n_weighted,
-                                  divergence=not job.sync)  # SYNC averages gradients: nothing drifted
+                                  divergence=not job.sync, norms=norms)  # SYNC averages gradients: nothing drifted
+        if norms:
+            job.noise = (norms["sources"], weights, norms["average"])
         self.slots.end_write(res.round)
         present = None
         if job.sync:

@@ -16,7 +16,7 @@ counts; the tensors never move. The rules that make this race-free:
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -55,7 +55,7 @@ class Slots:
 @torch.no_grad()
 def average_into(
     out: torch.Tensor, sources: Sequence[torch.Tensor], weights: Sequence[float], n_weighted: int,
-    bucket: int = BUCKET_NUMEL, divergence: bool = True,
+    bucket: int = BUCKET_NUMEL, divergence: bool = True, norms: Optional[dict] = None,
 ) -> float:
     """``out[:n_weighted] = sum_r w_r x_r / sum_r w_r`` and ``out[n_weighted:]`` = the plain mean, in place and
     bucket by bucket. Returns the largest relative distance ``||x_r - avg|| / ||avg||`` over the weighted part
@@ -63,13 +63,16 @@ def average_into(
 
     Ranks with weight 0 (no batch since the last average) do not pull the average towards their stale state.
     When every weight is 0 nothing was trained anywhere: the weighted part is the plain mean. ``divergence=False``
-    (averaging gradients) skips the measurement, a pass over every source, and returns 0."""
+    (averaging gradients) skips the measurement, a pass over every source, and returns 0. ``norms`` (a dict):
+    filled with ``sources``, each source's squared norm over the weighted part, and ``average``, the average's
+    (SYNC's gradient-noise inputs, measured in the same bucket pass)."""
     total = float(sum(weights))
     fractions = [float(w) / total for w in weights] if total > 0 else [1.0 / len(sources)] * len(sources)
     plain = 1.0 / len(sources)
     n = out.numel()
     dist2 = [0.0] * len(sources)
     norm2 = 0.0
+    src_sq, avg_sq = [0.0] * len(sources), 0.0
     for start in range(0, n, bucket):
         end = min(n, start + bucket)
         split = min(max(n_weighted, start), end)  # [start, split) weighted, [split, end) plain
@@ -80,12 +83,18 @@ def average_into(
                 chunk[: split - start].add_(x[start:split], alpha=f)
             if end > split:
                 chunk[split - start :].add_(x[split:end], alpha=plain)
+        if norms is not None and split > start:
+            avg_sq += float(chunk[: split - start].square().sum(dtype=torch.float64))
+            for r, x in enumerate(sources):
+                src_sq[r] += float(x[start:split].square().sum(dtype=torch.float64))
         if divergence and split > start:
             avg = chunk[: split - start]
             norm2 += float(avg.square().sum())
             for r, (x, f) in enumerate(zip(sources, fractions)):
                 if f != 0.0:
                     dist2[r] += float((x[start:split] - avg).square().sum())
+    if norms is not None:
+        norms.update(sources=src_sq, average=avg_sq)
     if norm2 <= 0.0:
         return 0.0 if max(dist2, default=0.0) == 0.0 else float("inf")
     return max(d for d in dist2) ** 0.5 / norm2**0.5

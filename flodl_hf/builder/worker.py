@@ -313,18 +313,20 @@ class _Worker:
         dev = self._comm_device()
         params, buffers = self.state.params, self.state.buffers
         if self.sync:
-            _, final, round_batches = allreduce.average_gradients(
+            _, final, round_batches, noise = allreduce.average_gradients(
                 params, buffers, self.samples, self.done, dev, self.spec.world)
             divergence = 0.0
             if not final:
                 self.rep.apply_step(advance=False)
         else:
+            noise = None
             divergence, round_batches, final = allreduce.average_parameters(
                 params, buffers, self.batches, self.done, dev, self.spec.world)
         self.global_step += round_batches
         self.rep.schedule.advance_to(self.global_step)
         sync_ms = (time.perf_counter() - start) * 1000.0
-        self.events.put(("round", self.rank, self.k, self.batches, self.wall_ms, sync_ms, divergence, final))
+        self.events.put(("round", self.rank, self.k, self.batches, self.wall_ms, sync_ms, divergence, final,
+                         noise if self.rank == 0 else None))  # every rank computed the same noise inputs
         self.timeline("sync", t0, time.time(), round=self.k)
         if self.rank == 0 and (self.want_state or final):
             self.want_state = False
