@@ -46,6 +46,19 @@ def _head_class() -> Any:
     return AutoHeadForSequenceClassification
 
 
+def _task_head_class(task: str) -> Any:
+    """The ``heads`` auto class of a ``--task`` (``flodl_hf.tasks`` never imports ``heads``)."""
+    import heads
+
+    from .tasks.names import head_class_name
+
+    cls = getattr(heads, head_class_name(task), None)
+    if cls is None:
+        raise ValueError(f"this installation's heads package has no {head_class_name(task)}: update flodl-hf to use "
+                         f"--task {task}")
+    return cls
+
+
 def _load_head(path: str) -> Any:
     """Load a head from a directory its caller already checked (``preflight.check_model_dir``)."""
     model = Path(path)
@@ -233,7 +246,7 @@ def run_train(args: Any) -> dict:
         if task != "text-classification":
             from .tasks.commands import run_task_train
 
-            return run_task_train(args)
+            return run_task_train(args, _LazyHeadClass)
         return job(settings, _LazyHeadClass())
     finally:
         context = sys.modules.get("flodl_hf.distributed.context")
@@ -242,11 +255,14 @@ def run_train(args: Any) -> dict:
 
 
 class _LazyHeadClass:
-    """``AutoHeadForSequenceClassification``, imported (with torch and transformers) on first use, so that the
-    job's early refusals cost no import."""
+    """``AutoHeadForSequenceClassification`` (or the auto head of another ``task``), imported (with torch and
+    transformers) on first use, so that the job's early refusals cost no import."""
+
+    def __init__(self, task: str = "text-classification") -> None:
+        self._task = task
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(_head_class(), name)
+        return getattr(_head_class() if self._task == "text-classification" else _task_head_class(self._task), name)
 
 
 def resume_command(argv: Sequence[str], directory: Any) -> str:
@@ -289,7 +305,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
     task = route(args, "predict")
     if task != "text-classification":
-        return cmd_predict(args, task)
+        return cmd_predict(args, task, _LazyHeadClass(task))
 
     check_texts(args.texts)
     pairs = args.pair
@@ -330,7 +346,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     task = route(args, "eval")
     if task != "text-classification":
-        return cmd_eval(args, task)
+        return cmd_eval(args, task, _LazyHeadClass(task))
 
     if args.json:
         writable_parent(args.json, "--json")

@@ -14,8 +14,10 @@ JOB = "flodl_hf.job"
 #: The engine: the multi-device runtime, which must run without the train job.
 ENGINE = ["flodl_hf/distributed", "flodl_hf/builder", "flodl_hf/graph.py", "flodl_hf/trainer.py",
           "flodl_hf/el_che.py", "flodl_hf/config.py"]
-#: The only importers of the job package outside tests.
+#: The only importers of the job package outside tests: the CLI, and the job of the other tasks (``flodl_hf/tasks``,
+#: which reuses the job's parts and is itself imported by the CLI alone).
 ALLOWED = {"flodl_hf/cli.py"}
+TASKS_DIR = "flodl_hf/tasks"
 JOB_MODULES = ["settings", "run", "preflight", "schedule", "loop", "checkpoints", "evaluate", "problems", "outputs"]
 
 
@@ -75,9 +77,27 @@ def test_the_engine_never_imports_the_job_package():
 def test_only_the_cli_and_the_examples_import_the_job_package():
     files = [p for p in _python_files("flodl_hf", "heads", "model_cards", "benchmarks", "scripts")
              if not p.is_relative_to(ROOT / "flodl_hf" / "job")]
-    offenders = [str(p.relative_to(ROOT)) for p in files
-                 if str(p.relative_to(ROOT)) not in ALLOWED and _imports_job(p)]
+    offenders = [str(p.relative_to(ROOT)) for p in files if str(p.relative_to(ROOT)) not in ALLOWED
+                 and not p.is_relative_to(ROOT / TASKS_DIR) and _imports_job(p)]
     assert offenders == []
+
+
+def _imports(path: Path, package: str) -> bool:
+    return any(m == package or m.startswith(package + ".") for m in _imported(path.read_text(encoding="utf-8"), path))
+
+
+def test_only_the_cli_imports_the_tasks_package_and_it_never_imports_heads():
+    files = [p for p in _python_files("flodl_hf", "heads", "model_cards", "benchmarks", "scripts")
+             if not p.is_relative_to(ROOT / TASKS_DIR)]
+    assert [str(p.relative_to(ROOT)) for p in files
+            if str(p.relative_to(ROOT)) not in ALLOWED and _imports(p, "flodl_hf.tasks")] == []
+    tasks = _python_files(TASKS_DIR)
+    assert tasks and [str(p.relative_to(ROOT)) for p in tasks if _imports(p, "heads")] == []
+    for path in tasks:
+        source = path.read_text(encoding="utf-8")
+        doc = ast.get_docstring(ast.parse(source))
+        assert doc and ("It exists" in doc or path.stem == "__init__"), f"{path.name}: say why it exists"
+        assert len(source.splitlines()) <= 500 and "__all__" in source, path.name
 
 
 def test_the_job_package_has_one_documented_module_per_concern():

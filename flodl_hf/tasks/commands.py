@@ -15,21 +15,23 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from .names import QUESTION_ANSWERING, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION, check_task_matches, head_class, \
+from .names import QUESTION_ANSWERING, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION, check_task_matches, \
     task_of_model_dir
 from .options import UNSUPPORTED_EVAL, UNSUPPORTED_PREDICT, refuse_unsupported
 
 __all__ = ["run_task_train", "command_task", "route", "cmd_eval", "cmd_predict", "load_task_head"]
 
 
-def run_task_train(args: argparse.Namespace) -> dict:
-    """``flodl-hf train --task X`` in-process (X other than text-classification)."""
+def run_task_train(args: argparse.Namespace, head_class: Callable[[str], Any]) -> dict:
+    """``flodl-hf train --task X`` in-process (X other than text-classification); ``head_class(task)`` gives the
+    task's head class (the CLI's: this package never imports ``heads``)."""
     from .job import run_task_train as job
     from .options import task_settings
 
-    return job(task_settings(args))
+    settings = task_settings(args)  # refusals first, before torch is imported
+    return job(settings, head_class(settings.task))
 
 
 def command_task(args: argparse.Namespace, command: str) -> str:
@@ -57,11 +59,11 @@ def route(args: argparse.Namespace, command: str) -> str:
     return command_task(args, command)
 
 
-def load_task_head(path: str, task: str) -> Any:
-    """The head of ``task`` from a trained directory, with the ``max_length`` it trained with."""
+def load_task_head(path: str, head_cls: Any) -> Any:
+    """The head (of class ``head_cls``) in a trained directory, with the ``max_length`` it trained with."""
     from ..cli import _trained_settings
 
-    return head_class(task).from_pretrained(str(path), **_trained_settings(Path(path)))
+    return head_cls.from_pretrained(str(path), **_trained_settings(Path(path)))
 
 
 def _eval_rows(args: argparse.Namespace, task: str, head: Any) -> Any:
@@ -78,7 +80,7 @@ def _eval_rows(args: argparse.Namespace, task: str, head: Any) -> Any:
     return rows
 
 
-def cmd_eval(args: argparse.Namespace, task: str) -> int:
+def cmd_eval(args: argparse.Namespace, task: str, head_cls: Any) -> int:
     """``flodl-hf eval`` of a token-classification, QA or fill-mask model: the task's scores on ``--data``."""
     from ..ownership import check_output_file, writable_parent
     from .report import scalar_scores
@@ -88,7 +90,7 @@ def cmd_eval(args: argparse.Namespace, task: str) -> int:
     if args.json:
         writable_parent(args.json, "--json")
         check_output_file(args.json, "--json", inputs=[args.data, args.model])
-    head = load_task_head(args.model, task)
+    head = load_task_head(args.model, head_cls)
     rows = _eval_rows(args, task, head)
     summary = score(head, task, rows, args.batch_size, progress=not args.no_progress)
     print(f"{headline(summary, task)} rows={len(rows)} task={task} model={args.model} data={args.data}")
@@ -119,7 +121,7 @@ def _entity_text(entity: dict) -> str:
     return f"{group}={entity.get('word')!s}({float(entity.get('score', 0.0)):.3f})"
 
 
-def cmd_predict(args: argparse.Namespace, task: str) -> int:
+def cmd_predict(args: argparse.Namespace, task: str, head_cls: Any) -> int:
     """``flodl-hf predict`` of a token-classification, QA or fill-mask model."""
     from ..preflight import check_texts
 
@@ -127,7 +129,7 @@ def cmd_predict(args: argparse.Namespace, task: str) -> int:
     check_texts(args.texts)
     texts = list(args.texts)
     questions = _questions(args) if task == QUESTION_ANSWERING else None
-    head = load_task_head(args.model, task)
+    head = load_task_head(args.model, head_cls)
     if task == TOKEN_CLASSIFICATION:
         results: list = [head.tag(text) for text in texts]
         lines = ["  ".join(_entity_text(e) for e in found) or "(no entity)" for found in results]

