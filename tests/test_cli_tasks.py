@@ -29,6 +29,14 @@ def single_thread_module():
     torch.set_num_threads(threads)
 
 
+def subprocess_env() -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    return env
+
+
 def run_cli(argv, capsys):
     code = cli.main([str(a) for a in argv])
     out, err = capsys.readouterr()
@@ -98,3 +106,120 @@ def test_train_refuses_bad_task_data_in_one_line(tiny_checkpoint, tmp_path, caps
     line = one_error_line(err)
     assert code == 2 and message in line and str(data) in line
     assert not (tmp_path / "out").exists()
+
+
+# --- training through the command line ------------------------------------------------------------------------
+
+FAST = ["--batch-size", "16", "--lr", "2e-3", "--eval-rows", "40", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tasks")
+    write_jsonl(root / "tokens.jsonl", token_rows(200))
+    write_conll(root / "tokens.conll", token_rows(60, seed=1))
+    write_squad(root / "squad.json", qa_rows(200))
+    (root / "texts.txt").write_text("\n".join(texts(200)) + "\n", encoding="utf-8")
+    return root
+
+
+def check_output_dir(out: Path, task: str, architecture: str) -> dict:
+    from huggingface_hub import ModelCard
+
+    from flodl_hf.cards import check_model_card
+
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md", "metrics.json", "loss_curve.png"):
+        assert (out / name).is_file(), name
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == [architecture]
+    check_model_card(out / "README.md")
+    card = ModelCard.load(out / "README.md")
+    assert card.data.pipeline_tag == task and "flodl-hf" in card.data.tags
+    assert "| task | " + task + " |" in card.text and "loss_curve.png" in card.text
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["task"] == task and metrics["settings"]["task"] == task
+    assert len(metrics["train_loss"]) == metrics["steps"] > 0
+    return metrics
+
+
+def test_token_classification_trains_evaluates_and_predicts(tiny_checkpoint, work, tmp_path, capsys):
+    out = tmp_path / "tok"
+    code, stdout, err = run_cli(["train", "--task", "token-classification", "--model", tiny_checkpoint("bert"),
+                                 "--data", work / "tokens.jsonl", "--epochs", "3", "--max-length", "16",
+                                 "--output-dir", out, *FAST], capsys)
+    assert code == 0, err
+    metrics = check_output_dir(out, "token-classification", "BertForTokenClassification")
+    assert metrics["labels"] == ["O", "B-NEG", "B-POS"] and metrics["train_size"] == 160
+    assert metrics["baselines"]["all O tags"]["f1"] == 0.0
+    assert metrics["f1"] > 0.9 > metrics["before_training"]["f1"]  # the toy task is learnt
+    assert set(metrics["scores"]["per_type"]) == {"NEG", "POS"}
+    assert "entity_f1=" in stdout and "(before training: entity_f1=" in stdout
+
+    from transformers import pipeline
+
+    tagger = pipeline("token-classification", model=str(out), aggregation_strategy="simple")
+    assert [e["entity_group"] for e in tagger("the movie was good")] == ["POS"]
+
+    report = tmp_path / "eval.json"
+    code, stdout, err = run_cli(["eval", "--model", out, "--data", work / "tokens.conll", "--json", report,
+                                 "--no-progress"], capsys)
+    assert code == 0, err
+    assert stdout.startswith("entity_f1=") and "task=token-classification" in stdout
+    scores = json.loads(report.read_text())
+    assert scores["task"] == "token-classification" and scores["sentences"] == 60 and scores["f1"] > 0.9
+    code, stdout, err = run_cli(["predict", "--model", out, "the plot was awful", "the movie was great"], capsys)
+    assert code == 0, err
+    first, second = stdout.splitlines()
+    assert first.startswith("NEG=awful(") and second.startswith("POS=great(")
+
+
+def test_question_answering_from_squad_json_beats_its_baselines(tiny_checkpoint, work, tmp_path, capsys):
+    out = tmp_path / "qa"
+    code, _, err = run_cli(["train", "--task", "question-answering", "--model", tiny_checkpoint("bert"),
+                            "--data", work / "squad.json", "--epochs", "6", "--max-length", "48",
+                            "--output-dir", out, *FAST], capsys)
+    assert code == 0, err
+    metrics = check_output_dir(out, "question-answering", "BertForQuestionAnswering")
+    baseline = metrics["baselines"]["first word of the context"]
+    assert metrics["exact_match"] > max(baseline["exact_match"], metrics["before_training"]["exact_match"]) + 0.2
+    code, stdout, err = run_cli(["predict", "--model", out, "--question", "yes", "--question", "no",
+                                 "the film was lovely and the food was dreadful",
+                                 "the food was dreadful and the film was lovely"], capsys)
+    assert code == 0, err
+    assert len(stdout.splitlines()) == 2 and stdout.splitlines()[0].endswith(
+        "\tyes | the film was lovely and the food was dreadful")
+    code, _, err = run_cli(["predict", "--model", out, "--question", "yes", "--question", "no", "a", "b", "c"], capsys)
+    assert code == 2 and "3 TEXT(s) (the contexts) but 2 --question" in one_error_line(err)
+
+
+def test_fill_mask_in_a_real_subprocess_lowers_perplexity(tiny_checkpoint, work, tmp_path):
+    out = tmp_path / "mlm"
+    env = subprocess_env()
+    proc = subprocess.run([sys.executable, "-m", "flodl_hf", "train", "--task", "fill-mask", "--model",
+                           str(tiny_checkpoint("bert")), "--data", str(work / "texts.txt"), "--epochs", "3",
+                           "--max-length", "16", "--output-dir", str(out), *FAST], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = check_output_dir(out, "fill-mask", "BertForMaskedLM")
+    assert metrics["perplexity"] < 0.7 * metrics["before_training"]["perplexity"]
+    assert "perplexity=" in proc.stdout and "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "flodl_hf", "predict", "--model", str(out), "--top-k", "3",
+                           "the movie was [MASK]"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("=") == 3 and proc.stdout.rstrip().endswith("\tthe movie was [MASK]")
+
+
+def test_two_cpu_ranks_train_token_classification(tiny_checkpoint, work, tmp_path):
+    out = tmp_path / "tok2"
+    proc = subprocess.run([sys.executable, "-m", "flodl_hf", "train", "--task", "token-classification", "--model",
+                           str(tiny_checkpoint("bert")), "--data", str(work / "tokens.jsonl"), "--epochs", "2",
+                           "--max-length", "16", "--devices", "cpu,cpu", "--batch-size", "8", "--lr", "2e-3",
+                           "--eval-rows", "40", "--no-progress", "--output-dir", str(out)],
+                          cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("before training: entity_f1=") == 2  # rank 0 alone reports (its line, its summary)
+    assert proc.stdout.count("wrote ") == 1
+    metrics = check_output_dir(out, "token-classification", "BertForTokenClassification")
+    assert metrics["world_size"] == 2 and metrics["devices"] == ["cpu", "cpu"] and metrics["el_che"] is not None
+    assert metrics["f1"] > metrics["before_training"]["f1"] + 0.3

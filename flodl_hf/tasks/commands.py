@@ -69,7 +69,7 @@ def load_task_head(path: str, head_cls: Any) -> Any:
 def _eval_rows(args: argparse.Namespace, task: str, head: Any) -> Any:
     from .job import load_task_rows
 
-    text_column = None if task == TOKEN_CLASSIFICATION and args.text_column == "text" else args.text_column
+    text_column = None if args.text_column == "text" else args.text_column  # the parser's default: the task's own
     label_column = None if args.label_column == "label" else args.label_column
     labels = [str(label) for label in head.labels()] if task == TOKEN_CLASSIFICATION else None
     rows = load_task_rows(task, args.data, labels=labels, text_column=text_column, label_column=label_column,
@@ -131,7 +131,7 @@ def cmd_predict(args: argparse.Namespace, task: str, head_cls: Any) -> int:
     questions = _questions(args) if task == QUESTION_ANSWERING else None
     head = load_task_head(args.model, head_cls)
     if task == TOKEN_CLASSIFICATION:
-        results: list = [head.tag(text) for text in texts]
+        results: list = head.tag(texts)
         lines = ["  ".join(_entity_text(e) for e in found) or "(no entity)" for found in results]
     elif task == QUESTION_ANSWERING:
         top_k = args.top_k or 1
