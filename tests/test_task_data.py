@@ -165,6 +165,8 @@ def test_lexicon_rule_on_a_small_corpus():
     assert lexicon.derive_lexicon(texts, sentiments, ["good", "day"], ["bad"], min_rows=2) == {"bad": "NEG",
                                                                                               "good": "POS"}
     assert lexicon.words_of("don't go!") == [("don't", 0), ("go", 6), ("!", 8)]
+    # characters tokenizers drop are no words (they could carry no tag): a control character, U+FFFD, a lone accent
+    assert lexicon.words_of("a \x8a b \ufffd \u0301 c") == [("a", 0), ("b", 4), ("c", 10)]
 
 
 def test_generated_items_follow_the_documented_rules():

@@ -6,7 +6,8 @@ It exists because no small real NER or extractive-QA corpus ships in a PyPI pack
 deterministically, with no randomness, from a fixed list of common English sentiment words and the corpus itself:
 
 1. Words are what :data:`WORD` matches in a text: runs of ASCII letters and digits (with one inner apostrophe, as
-   in ``don't``), and every other non-space character alone.
+   in ``don't``), and every other non-space character alone, except the characters tokenizers drop (control and
+   format characters, combining marks, U+FFFD), which are skipped.
 2. For every seed word (:data:`POSITIVE_SEEDS`, :data:`NEGATIVE_SEEDS`), count the corpus rows labelled positive
    (``p``) and negative (``n``) in which it occurs (lower-cased), out of ``P`` positive and ``N`` negative rows.
 3. Keep a seed word when it occurs in at least :data:`MIN_ROWS` rows and the corpus agrees with its polarity:
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from typing import Iterable, Sequence
 
 __all__ = ["WORD", "POSITIVE_SEEDS", "NEGATIVE_SEEDS", "MIN_ROWS", "MIN_RATIO", "words_of", "derive_lexicon"]
@@ -43,9 +45,14 @@ MIN_ROWS = 20
 MIN_RATIO = 1.5
 
 
+def _dropped(word: str) -> bool:
+    """A one-character word a tokenizer would drop (so it could carry no tag)."""
+    return len(word) == 1 and (word == "\ufffd" or unicodedata.category(word) in ("Cc", "Cf", "Mn", "Co", "Cn"))
+
+
 def words_of(text: str) -> list[tuple[str, int]]:
     """The words of ``text`` with their character offsets."""
-    return [(m.group(0), m.start()) for m in WORD.finditer(text)]
+    return [(m.group(0), m.start()) for m in WORD.finditer(text) if not _dropped(m.group(0))]
 
 
 def derive_lexicon(texts: Sequence[str], sentiments: Sequence[str],
