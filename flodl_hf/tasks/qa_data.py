@@ -80,7 +80,8 @@ def squad_items(data: Any, name: str) -> list[dict]:
             for q, qa in enumerate(paragraph.get("qas") or [], start=1):
                 if not isinstance(qa, dict):
                     raise ValueError(f"{name}: article {a}, paragraph {p}, question {q} is not an object")
-                where = f"{name}: article {a}, paragraph {p}, question {q}" + (f" (id {qa['id']})" if "id" in qa else "")
+                where = f"{name}: article {a}, paragraph {p}, question {q}"
+                where += f" (id {qa['id']})" if "id" in qa else ""
                 items.append(check_qa_item(dict(qa, context=paragraph.get("context")), where))
     return items
 

@@ -76,6 +76,14 @@ def build_task_metrics(*, task: str, metric: str, settings: Any, sources: Any, d
     }
 
 
+def _baselines_shown(metrics: dict) -> dict:
+    """The card's baselines: the task's model-free baseline and the model before training."""
+    shown = dict(metrics["baselines"])
+    if metrics["before_training"]:
+        shown["the model before training"] = metrics["before_training"]
+    return shown
+
+
 def write_task_outputs(head: Any, task: str, settings: Any, sources: Any, metrics: dict, started: float) -> None:
     """Write the output directory in one atomic swap: model files, card, metrics.json, loss curve."""
     from ..cards import write_task_card
@@ -100,7 +108,6 @@ def write_task_outputs(head: Any, task: str, settings: Any, sources: Any, metric
                         language="en" if sources.packaged_data else None,
                         extra_tags=["el-che"] if metrics["world_size"] > 1 else (),
                         labels=metrics["labels"] if task == TOKEN_CLASSIFICATION else (),
-                        baselines=dict(metrics["baselines"], **{"the model before training": metrics["before_training"]}),
-                        dataset_hub_id=sources.hub_id)
+                        baselines=_baselines_shown(metrics), dataset_hub_id=sources.hub_id)
         metrics["wall_time_s"] = round(time.perf_counter() - started, 2)
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
