@@ -109,7 +109,7 @@ def load_masked_lm(
             logging.WARNING,
             "no masked-LM head weights in %s: initialised a fresh LM head (%s)%s; fine-tune before use",
             path_or_id,
-            ", ".join(k for k in result.fresh_keys if k != layout.decoder),
+            ", ".join(k for k in result.fresh_keys if k != layout.decoder and k not in layout.aliases),
             f", its decoder tied to the word embeddings ({layout.embeddings})" if layout.decoder else "",
         )
     if max_length is None:

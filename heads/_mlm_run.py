@@ -138,6 +138,14 @@ def _fill_one(tokenizer: Any, ids: torch.Tensor, logits: torch.Tensor, masks: to
     return result[0] if single else result
 
 
+def _no_mask(text: str, index: int, mask: str, max_length: int) -> None:
+    cut = f" within its first {max_length} tokens (the head's max_length)" if mask in text else ""
+    raise ValueError(
+        f"fill_mask text at index {index} ({text!r:.80}) has no mask token {mask!r}{cut}: write {mask} where a "
+        f"word should be predicted, e.g. 'the movie was {mask}'"
+    )
+
+
 def fill_mask(head: Any, text_or_texts: Union[str, Sequence[str]], top_k: int, batch_size: int = 32) -> list[Any]:
     """What ``head.fill_mask`` returns (see its docstring)."""
     single = isinstance(text_or_texts, str)
@@ -155,11 +163,7 @@ def fill_mask(head: Any, text_or_texts: Union[str, Sequence[str]], top_k: int, b
             rows = [ids[r][real[r]] for r in range(ids.shape[0])]
             for r, row in enumerate(rows):
                 if not bool((row == mask_id).any()):
-                    raise ValueError(
-                        f"fill_mask text at index {start + r} ({texts[start + r]!r:.80}) has no mask token "
-                        f"{mask!r}{' after truncation to %d tokens' % head.max_length if mask in texts[start + r] else ''}: "
-                        f"write {mask} where a word should be predicted, e.g. 'the movie was {mask}'"
-                    )
+                    _no_mask(texts[start + r], start + r, mask, head.max_length)
             logits = head.forward(enc).float().cpu()
             for r, row in enumerate(rows):
                 masks = (row == mask_id).nonzero().squeeze(1)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gpu import requires_gpus
 from mlm_helpers import checkpoint_keys, fresh_head, mask_token, random_texts, step, toy_corpus
 from safetensors.torch import load_file, save_file
 from tiny_models import FAMILIES, tiny_config, tiny_tokenizer
@@ -334,3 +335,23 @@ def test_unsupported_model_type_is_refused(tiny_checkpoint, tmp_path):
     (model / "config.json").write_text(json.dumps(dict(config, model_type="gpt2")))
     with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
         AutoHeadForMaskedLM.from_pretrained(model)
+
+
+@requires_gpus(1)
+def test_on_cuda_masks_and_losses_equal_the_cpu():
+    """On CUDA batches are padded to a multiple of 8 tokens: the masks must not change, the loss only by rounding."""
+    cpu = fresh_head("bert", seed=3)
+    cpu.eval()
+    gpu = fresh_head("bert", seed=3).to("cuda")
+    gpu.eval()
+    texts = random_texts(9, seed=8)
+    (enc, labels), (genc, glabels) = cpu.collate(texts), gpu.collate(texts)
+    assert genc["input_ids"].is_cuda and genc["input_ids"].shape[1] % 8 == 0
+    length = labels.shape[1]
+    assert torch.equal(glabels[:, :length], labels) and (glabels[:, length:] == IGNORE_INDEX).all()
+    assert torch.equal(genc["input_ids"][:, :length].cpu(), enc["input_ids"])
+    with torch.no_grad():
+        torch.testing.assert_close(gpu.compute_loss(genc, glabels).cpu(), cpu.compute_loss(enc, labels),
+                                   rtol=1e-4, atol=1e-4)
+    scores = [[d["score"] for d in head.fill_mask("the movie was [MASK]")] for head in (gpu, cpu)]
+    torch.testing.assert_close(torch.tensor(scores[0]), torch.tensor(scores[1]), rtol=1e-4, atol=1e-5)
