@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from gpu import requires_gpus
-from mlm_helpers import checkpoint_keys, fresh_head, mask_token, random_texts, step, toy_corpus
+from mlm_helpers import checkpoint_keys, fresh_head, mask_token, no_dropout_config, random_texts, step, toy_corpus
 from safetensors.torch import load_file, save_file
 from tiny_models import FAMILIES, tiny_config, tiny_tokenizer
 
@@ -64,6 +64,40 @@ def test_loss_equals_transformers(family):
     enc, labels = head.collate(random_texts(6, seed=5))
     torch.testing.assert_close(head.compute_loss(enc, labels), reference(**enc, labels=labels).loss, rtol=1e-6,
                                atol=1e-6)
+
+
+def _v3_head(seed: int = 0) -> MaskedLMHead:
+    config = no_dropout_config("deberta-v2")
+    config.legacy = False  # DeBERTa-v3's own LM head layout (lm_predictions.lm_head.*, no decoder module)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return DebertaV2ForMaskedLM.from_config(config, tokenizer=tiny_tokenizer("deberta-v2"))
+
+
+@pytest.mark.parametrize("family", FAMILIES + ("deberta-v3",))
+def test_compute_loss_runs_the_lm_head_on_masked_rows_only(family):
+    """compute_loss's shortcut (LM head on the masked rows) gives transformers' loss and the full path's gradients;
+    a hooked model (here a forward pre-hook) takes the full forward pass."""
+    head = _v3_head(seed=2) if family == "deberta-v3" else fresh_head(family, seed=2)
+    step(head, random_texts(8, seed=2))
+    model = head.model
+    shapes = []
+    model.get_output_embeddings().register_forward_hook(lambda m, args, out: shapes.append(tuple(out.shape)))
+    enc, labels = head.collate(random_texts(6, seed=9))
+    n = int((labels != IGNORE_INDEX).sum())
+    sparse = head.compute_loss(enc, labels)
+    assert len(shapes) == 1 and len(shapes[0]) == 2 and shapes[0][0] == n  # [n masked, ...], not [B, T, ...]
+    sparse.backward()
+    sparse_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.register_forward_pre_hook(lambda m, args: None)
+    full = head.compute_loss(enc, labels)
+    assert len(shapes[-1]) == 3  # the whole [B, T, ...] batch
+    full.backward()
+    torch.testing.assert_close(sparse, full, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(sparse, _transformers_model(head)(**enc, labels=labels).loss, rtol=1e-6, atol=1e-6)
+    for a, p in zip(sparse_grads, model.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-7)
 
 
 def test_batch_without_masked_tokens_gives_a_zero_loss_with_a_graph():
