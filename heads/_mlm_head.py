@@ -218,7 +218,8 @@ class MaskedLMHead(TaskHead):
             return_token_type_ids="token_type_ids" in self.input_names, return_special_tokens_mask=True,
         )
         ids = batch["input_ids"]
-        special = batch["special_tokens_mask"].bool() | torch.isin(ids, torch.tensor(tokenizer.all_special_ids))
+        specials = torch.tensor(tokenizer.all_special_ids, dtype=ids.dtype)  # [UNK] and [MASK] in the text too
+        special = batch["special_tokens_mask"].bool() | torch.isin(ids, specials)
         vocab = min(len(tokenizer), int(self.config().vocab_size))
         masked, labels = _mlm_mask.mask_tokens(
             ids, batch["attention_mask"], special, probability=self.mlm_probability,

@@ -389,6 +389,10 @@ def test_labels_are_refused(tiny_checkpoint):
     head = fresh_head("bert")
     with pytest.raises(ValueError, match=r"item at index 1 has \['label'\]"):
         head.collate(["good", {"text": "bad", "label": 1}])
+    with pytest.raises(ValueError, match="item at index 1 is int"):
+        head.collate(["good", 3])
+    with pytest.raises(ValueError, match="no items"):
+        head.collate([])
     enc, labels = head.collate(["the movie was good"])
     with pytest.raises(ValueError, match="shape"):
         head.compute_loss(enc, labels[:, :-1])
