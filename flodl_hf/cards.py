@@ -20,13 +20,15 @@ from typing import Any, Optional, Sequence, Union
 
 __all__ = ["CardInfo", "build_model_card", "write_model_card", "check_model_card", "upgrade_card_metadata",
            "write_basic_card",
-           "LIBRARY_NAME", "FLODL_TAG", "PIPELINE_TAG", "default_template_path"]
+           "LIBRARY_NAME", "FLODL_TAG", "PIPELINE_TAG", "TASK_PIPELINE_TAGS", "default_template_path"]
 
 LIBRARY_NAME = "transformers"
 """``library_name`` of every card: the model loads with transformers alone."""
 FLODL_TAG = "flodl-hf"
 """Tag that marks a model trained with flodl-hf (it used to be the ``library_name``)."""
 PIPELINE_TAG = "text-classification"
+TASK_PIPELINE_TAGS = (PIPELINE_TAG, "token-classification", "question-answering", "fill-mask")
+"""``pipeline_tag`` values a card may carry (the tasks of flodl-hf's heads)."""
 _REQUIRED_METADATA = ("library_name", "pipeline_tag", "tags", "metrics")
 
 
@@ -197,8 +199,8 @@ def check_model_card(path: Union[str, Path], *, scores: bool = True) -> Any:
                 _check_hub_id(name)
             except ValueError as exc:
                 problems.append(str(exc))
-    if data.get("pipeline_tag") not in (None, PIPELINE_TAG):
-        problems.append(f"pipeline_tag is {data.get('pipeline_tag')!r}, expected {PIPELINE_TAG!r}")
+    if data.get("pipeline_tag") not in (None,) + TASK_PIPELINE_TAGS:
+        problems.append(f"pipeline_tag is {data.get('pipeline_tag')!r}, expected one of {TASK_PIPELINE_TAGS!r}")
     results = data.get("eval_results") or []
     if not results and scores:
         problems.append("no model-index evaluation results")
