@@ -16,6 +16,8 @@ agreeing with ``predict``). Importing it only defines classes. Files:
 - ``_losses.py``: labels to tensors, label checks, the losses.
 - ``bert.py``, ``distilbert.py``, ``roberta.py``, ``albert.py``, ``xlm_roberta.py``, ``deberta_v2.py``: families.
 - ``auto.py``: AutoHeadForSequenceClassification and SUPPORTED_MODEL_TYPES.
+- ``_task.py``: TaskHead, what every task head shares; ``families.py``: each family's task-independent facts.
+- ``masked_lm.py`` (+ ``_mlm_*.py``): masked-LM heads for the six families and AutoHeadForMaskedLM.
 """
 
 from ._base import SequenceClassificationHead
@@ -25,10 +27,28 @@ from .auto import SUPPORTED_MODEL_TYPES, AutoHeadForSequenceClassification
 from .bert import BertForSequenceClassification
 from .deberta_v2 import DebertaV2ForSequenceClassification
 from .distilbert import DistilBertForSequenceClassification
+from .masked_lm import (
+    AlbertForMaskedLM,
+    AutoHeadForMaskedLM,
+    BertForMaskedLM,
+    DebertaV2ForMaskedLM,
+    DistilBertForMaskedLM,
+    MaskedLMHead,
+    RobertaForMaskedLM,
+    XLMRobertaForMaskedLM,
+)
 from .roberta import RobertaForSequenceClassification
 from .xlm_roberta import XLMRobertaForSequenceClassification
 
 __all__ = [
+    "AlbertForMaskedLM",
+    "AutoHeadForMaskedLM",
+    "BertForMaskedLM",
+    "DebertaV2ForMaskedLM",
+    "DistilBertForMaskedLM",
+    "MaskedLMHead",
+    "RobertaForMaskedLM",
+    "XLMRobertaForMaskedLM",
     "AlbertForSequenceClassification",
     "AutoHeadForSequenceClassification",
     "BertForSequenceClassification",

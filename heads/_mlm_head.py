@@ -55,7 +55,7 @@ class MaskedLMHead(TaskHead):
         cls.input_names = record.input_names
         cls.layout = LMLayout(own, decoder, f"{record.base}.embeddings.word_embeddings.weight", aliases)
         cls.head_keys = head_keys(cls.layout, None)
-        cls.max_positions = classmethod(lambda _cls, config: record.max_positions(config))  # type: ignore
+        cls.family_record = record
         cls.base = record.base
         cls.lm_logits = staticmethod(lm if callable(lm) else _mlm_logits.module_lm(lm))
 

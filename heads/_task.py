@@ -65,6 +65,8 @@ class TaskHead:
     """The pipeline task name, e.g. ``"text-classification"``."""
     auto_name: ClassVar[str] = "an Auto head"
     """The auto class that dispatches this task (named in errors)."""
+    family_record: ClassVar[Any] = None
+    """The family's :class:`heads.families.Family`, for heads declared from it (its ``max_positions`` is used)."""
 
     def __init__(
         self,
@@ -197,7 +199,10 @@ class TaskHead:
 
     @classmethod
     def max_positions(cls, config: Any) -> Optional[int]:
-        """The longest input the model can embed (None: unbounded). Families with offset positions override."""
+        """The longest input the model can embed (None: unbounded). Families with offset positions override, or
+        state it in their :attr:`family_record`."""
+        if cls.family_record is not None:
+            return cls.family_record.max_positions(config)
         return getattr(config, "max_position_embeddings", None)
 
     def train(self, mode: bool = True) -> Any:

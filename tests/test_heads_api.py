@@ -24,6 +24,14 @@ MODULES = sorted(HEADS_DIR.glob("*.py"))
 
 def test_public_names_are_pinned():
     assert heads.__all__ == [
+        "AlbertForMaskedLM",
+        "AutoHeadForMaskedLM",
+        "BertForMaskedLM",
+        "DebertaV2ForMaskedLM",
+        "DistilBertForMaskedLM",
+        "MaskedLMHead",
+        "RobertaForMaskedLM",
+        "XLMRobertaForMaskedLM",
         "AlbertForSequenceClassification",
         "AutoHeadForSequenceClassification",
         "BertForSequenceClassification",
