@@ -1,4 +1,4 @@
-"""Token scores to tagged words and entity spans, exactly as ``transformers.pipeline("token-classification")`` does.
+"""A tagger's predictions: tagged words and entity spans, exactly as ``pipeline("token-classification")`` gives.
 
 It exists so that ``head.tag(texts)`` agrees with the pipeline on the exported model, key for key and score for
 score, without building a pipeline (which runs one text at a time): the steps below follow transformers'
@@ -6,17 +6,22 @@ score, without building a pipeline (which runs one text at a time): the steps be
 softmax of one row's logits. Strategies: ``"none"`` (one dict per token, with ``entity`` and ``index``),
 ``"simple"`` (adjacent tokens of one entity grouped, ``entity_group``), and the word-level ``"first"``,
 ``"average"`` and ``"max"`` (a word's subwords agree first). Entries whose label is in ``ignore_labels`` are
-dropped, as in the pipeline.
+dropped, as in the pipeline. :func:`predict_words` gives one tag per input word instead, for seqeval-style scoring.
+Both run in eval mode without gradients and restore every module's mode afterwards.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import numpy as np
+import torch
 
-__all__ = ["STRATEGIES", "check_strategy", "entities_of_row"]
+from . import _inputs
+from . import _token_classification_inputs as _words
+
+__all__ = ["STRATEGIES", "check_strategy", "entities_of_row", "tag_texts", "predict_words"]
 
 STRATEGIES = ("none", "simple", "first", "average", "max")
 _WORD_LEVEL = ("first", "average", "max")
@@ -142,3 +147,88 @@ def entities_of_row(tokenizer: Any, sentence: str, input_ids: Sequence[int], sco
     ignore = set(["O"] if ignore_labels is None else ignore_labels)
     return [_plain(e) for e in entities
             if e.get("entity") not in ignore and e.get("entity_group") not in ignore]
+
+
+T = TypeVar("T")
+
+
+def _check_batch_size(batch_size: Any) -> None:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} is invalid: use an integer >= 1")
+
+
+def _in_eval_mode(head: Any, run: Callable[[], T]) -> T:
+    """``run()`` with the head's model in eval mode and no gradients; every module's mode restored afterwards."""
+    module = head.graph().module
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        with torch.no_grad():
+            return run()
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def predict_words(head: Any, words_batch: Sequence[Any], batch_size: int,
+                  truncated: Optional[str]) -> list[list[str]]:
+    """``head.predict_words``: per sentence, the tag predicted at each word's first subword; words cut off by
+    ``max_length`` get ``truncated`` (None: ValueError)."""
+    words_batch = _words.check_words_batch(words_batch, "predict_words")
+    _check_batch_size(batch_size)
+    names = head.labels()
+
+    def run() -> list[list[str]]:
+        out = []
+        for start in range(0, len(words_batch), batch_size):
+            chunk = words_batch[start : start + batch_size]
+            enc = head.encode(chunk)
+            best = head.forward(enc).argmax(-1).cpu().tolist()
+            for i, words in enumerate(chunk):
+                if enc.truncated_words[i] and truncated is None:
+                    raise ValueError(
+                        f"sentence {start + i} has {enc.truncated_words[i]} word(s) beyond max_length="
+                        f"{head.max_length}: raise max_length, or pass truncated='O' to tag them 'O'"
+                    )
+                tags: list[Optional[str]] = [None] * len(words)
+                for t, w in enumerate(enc.word_ids[i]):
+                    if w is not None and tags[w] is None:
+                        tags[w] = names[best[i][t]]
+                out.append([tag if tag is not None else str(truncated) for tag in tags])
+        return out
+
+    return _in_eval_mode(head, run)
+
+
+def tag_texts(head: Any, texts: Sequence[str], strategy: Any, ignore_labels: Optional[Sequence[str]],
+              batch_size: int) -> list[list[dict]]:
+    """``head.tag``: the pipeline's entities per text, computed in padded batches (see :func:`entities_of_row`)."""
+    texts = _inputs.check_texts(texts, "tag")
+    strategy = check_strategy(strategy)
+    _check_batch_size(batch_size)
+    tokenizer = head._require_tokenizer()
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(f"tag needs a fast tokenizer (character offsets), got {type(tokenizer).__name__}: load "
+                         "it with AutoTokenizer.from_pretrained(path, use_fast=True)")
+    if ignore_labels is not None and (isinstance(ignore_labels, str) or
+                                      not all(isinstance(x, str) for x in ignore_labels)):
+        raise ValueError(f"ignore_labels={ignore_labels!r} is invalid: give a list of label names, e.g. ['O']")
+    names, device, wanted = head.labels(), head.graph().device, head.input_names
+
+    def run() -> list[list[dict]]:
+        out = []
+        for start in range(0, len(texts), batch_size):
+            chunk = texts[start : start + batch_size]
+            batch = tokenizer(chunk, padding="longest", truncation=True, max_length=head.max_length,
+                              return_tensors="pt", return_special_tokens_mask=True, return_offsets_mapping=True,
+                              return_token_type_ids="token_type_ids" in wanted)
+            enc = {name: batch[name].to(device) for name in wanted if name in batch}
+            scores = torch.softmax(head.forward(enc).float(), dim=-1).cpu().numpy().astype(np.float32)
+            special = (batch["special_tokens_mask"].bool() | ~batch["attention_mask"].bool()).tolist()
+            for i, text in enumerate(chunk):
+                out.append(entities_of_row(tokenizer, text, batch["input_ids"][i].tolist(), scores[i],
+                                           batch["offset_mapping"][i].tolist(), special[i], names, strategy,
+                                           ignore_labels))
+        return out
+
+    return _in_eval_mode(head, run)

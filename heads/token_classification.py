@@ -30,7 +30,6 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar, Optional, Sequence, Union
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -263,82 +262,20 @@ class TokenClassificationHead(TaskHead):
         return loss, logits
 
     # --- prediction ---------------------------------------------------------------------------------------
-    def _eval_logits(self, run: Any) -> Any:
-        module = self._graph.module
-        modes = [(m, m.training) for m in module.modules()]
-        module.eval()
-        try:
-            with torch.no_grad():
-                return run()
-        finally:
-            for m, training in modes:
-                m.training = training
-
     def predict_words(self, words_batch: Sequence[Any], batch_size: int = 32,
                       truncated: Optional[str] = "O") -> list[list[str]]:
         """One tag name per input word (the prediction at its first subword), for seqeval-style evaluation.
         Words cut off by ``max_length`` get ``truncated`` (None: raise ValueError instead). Eval mode, no grad."""
-        words_batch = _words.check_words_batch(words_batch, "predict_words")
-        _check_batch_size(batch_size)
-        names = self.labels()
-
-        def run() -> list[list[str]]:
-            out = []
-            for start in range(0, len(words_batch), batch_size):
-                chunk = words_batch[start : start + batch_size]
-                enc = self.encode(chunk)
-                best = self.forward(enc).argmax(-1).cpu().tolist()
-                for i, words in enumerate(chunk):
-                    tags: list[Optional[str]] = [None] * len(words)
-                    for t, w in enumerate(enc.word_ids[i]):
-                        if w is not None and tags[w] is None:
-                            tags[w] = names[best[i][t]]
-                    if enc.truncated_words[i] and truncated is None:
-                        raise ValueError(
-                            f"sentence {start + i} has {enc.truncated_words[i]} word(s) beyond max_length="
-                            f"{self.max_length}: raise max_length, or pass truncated='O' to tag them 'O'"
-                        )
-                    out.append([tag if tag is not None else str(truncated) for tag in tags])
-            return out
-
-        return self._eval_logits(run)
+        return _tags.predict_words(self, words_batch, batch_size, truncated)
 
     def tag(self, texts: Sequence[str], aggregation_strategy: str = "simple",
             ignore_labels: Optional[Sequence[str]] = None, batch_size: int = 32) -> list[list[dict]]:
         """Per text, what ``pipeline("token-classification", model=<saved head>, aggregation_strategy=...)``
         returns: dicts with ``entity`` (``"none"``; also ``index``) or ``entity_group``, ``score``, ``word``,
-        ``start``, ``end``; labels in ``ignore_labels`` (default ``["O"]``) dropped. Texts are truncated to
-        ``max_length`` (no striding). Needs a fast tokenizer. Eval mode, no grad, batched."""
-        texts = _inputs.check_texts(texts, "tag")
-        strategy = _tags.check_strategy(aggregation_strategy)
-        _check_batch_size(batch_size)
-        tokenizer = self._require_tokenizer()
-        if not getattr(tokenizer, "is_fast", False):
-            raise ValueError(f"tag needs a fast tokenizer (character offsets), got {type(tokenizer).__name__}")
-        names = self.labels()
-
-        def run() -> list[list[dict]]:
-            out = []
-            for start in range(0, len(texts), batch_size):
-                chunk = texts[start : start + batch_size]
-                batch = tokenizer(chunk, padding="longest", truncation=True, max_length=self.max_length,
-                                  return_tensors="pt", return_special_tokens_mask=True, return_offsets_mapping=True,
-                                  return_token_type_ids="token_type_ids" in self.input_names)
-                enc = {name: batch[name].to(self._graph.device) for name in self.input_names if name in batch}
-                scores = torch.softmax(self.forward(enc).float(), dim=-1).cpu().numpy().astype(np.float32)
-                special = (batch["special_tokens_mask"].bool() | ~batch["attention_mask"].bool()).tolist()
-                for i, text in enumerate(chunk):
-                    out.append(_tags.entities_of_row(
-                        tokenizer, text, batch["input_ids"][i].tolist(), scores[i],
-                        batch["offset_mapping"][i].tolist(), special[i], names, strategy, ignore_labels))
-            return out
-
-        return self._eval_logits(run)
-
-
-def _check_batch_size(batch_size: Any) -> None:
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} is invalid: use an integer >= 1")
+        ``start``, ``end``; labels in ``ignore_labels`` (default ``["O"]``) dropped. Strategies: ``"none"``,
+        ``"simple"``, ``"first"``, ``"average"``, ``"max"``. Texts are truncated to ``max_length`` (no striding).
+        Needs a fast tokenizer. Eval mode (each module's mode restored), no grad, batched."""
+        return _tags.tag_texts(self, texts, aggregation_strategy, ignore_labels, batch_size)
 
 
 # --- families: one declaration each --------------------------------------------------------------------------
