@@ -326,3 +326,17 @@ def test_setup_head_swaps_in_a_replica_and_trains():
         graph.step()
     graph.close()
     assert graph.training_step == 2 and any(not torch.equal(a, b) for a, b in zip(before, head.model.parameters()))
+
+
+def test_push_dir_has_a_token_classification_card(tmp_path):
+    from huggingface_hub import ModelCard
+
+    from flodl_hf.hub import plan_push
+    from heads._hub import write_push_dir
+
+    out = write_push_dir(make_head("roberta", labels=TAGS), tmp_path / "push", name="my-tagger")
+    assert {"config.json", "model.safetensors", "README.md"} <= {op.path_in_repo for op in plan_push(out)}
+    card = ModelCard.load(out / "README.md")
+    assert card.data.pipeline_tag == "token-classification" and "token-classification" in card.data.tags
+    assert 'pipeline("token-classification", model="my-tagger", aggregation_strategy="simple")' in card.text
+    assert ", ".join(TAGS) in card.text
