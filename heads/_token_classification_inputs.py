@@ -10,6 +10,7 @@ what a word that the tokenizer turns into no token at all means (an error) versu
 
 from __future__ import annotations
 
+import json
 import numbers
 from collections.abc import Mapping
 from typing import Any, Optional, Sequence
@@ -26,6 +27,7 @@ __all__ = [
     "align",
     "visible_words",
     "check_token_labels",
+    "lacks_prefix_space",
 ]
 
 IGNORE_INDEX = -100
@@ -241,3 +243,28 @@ def check_token_labels(labels: Any, input_shape: Sequence[int], num_labels: int)
             f"0..{num_labels - 1} (num_labels={num_labels}), or -100 to ignore the token"
         )
     return labels
+
+
+def _byte_level_without_prefix(node: Any) -> bool:
+    if isinstance(node, Mapping):
+        if node.get("type") == "ByteLevel" and node.get("add_prefix_space") is False:
+            return True
+        return any(_byte_level_without_prefix(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_byte_level_without_prefix(v) for v in node)
+    return False
+
+
+def lacks_prefix_space(tokenizer: Any) -> bool:
+    """True for a byte-level BPE tokenizer (RoBERTa's, GPT-2's) built with ``add_prefix_space=False``: it would
+    encode each pre-split word without the leading space that marks a word start in pretraining, so every word
+    would look like a continuation. transformers' ``run_ner.py`` loads such tokenizers with
+    ``add_prefix_space=True``."""
+    pre = getattr(getattr(tokenizer, "backend_tokenizer", None), "pre_tokenizer", None)
+    if pre is None:
+        return False
+    try:
+        state = json.loads(pre.__getstate__())  # the pre-tokenizer's own JSON (not the whole vocabulary)
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return _byte_level_without_prefix(state)

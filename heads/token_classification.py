@@ -37,7 +37,7 @@ from . import _inputs, _run
 from . import _token_classification_inputs as _words
 from . import _token_classification_tags as _tags
 from ._hub import load_options
-from ._io import CheckpointError, HeadKeys, PathLike, load_config
+from ._io import CheckpointError, HeadKeys, PathLike, load_config, load_tokenizer
 from ._task import DEFAULT_MAX_LENGTH, TaskHead, TransformersClass
 from .families import FAMILIES, Family
 
@@ -123,7 +123,11 @@ class TokenClassificationHead(TaskHead):
                 f"its task head would load as a tagger's classifier. Load it with the head of its task, or save "
                 f"its encoder alone (model.base_model.save_pretrained(dir)) and load that for a fresh tagger"
             )
-        return super()._load(path_or_id, options=options, **kwargs)
+        model, tokenizer, max_length = super()._load(path_or_id, options=options, **kwargs)
+        if kwargs.get("tokenizer") is None and _words.lacks_prefix_space(tokenizer):
+            # byte-level BPE (RoBERTa): words need their leading space, as transformers' run_ner.py loads them
+            tokenizer = load_tokenizer(path_or_id, {**options.hub_kwargs(), "add_prefix_space": True})
+        return model, tokenizer, max_length
 
     @classmethod
     def from_pretrained(
@@ -176,6 +180,12 @@ class TokenClassificationHead(TaskHead):
             raise ValueError(
                 f"{type(tokenizer).__name__} is a slow tokenizer: word alignment needs a fast one "
                 "(AutoTokenizer.from_pretrained(path, use_fast=True))"
+            )
+        if _words.lacks_prefix_space(tokenizer):
+            raise ValueError(
+                f"this byte-level BPE tokenizer ({type(tokenizer).__name__}) has add_prefix_space=False, so pre-split "
+                "words would lose the leading space that marks a word start: load it with "
+                "AutoTokenizer.from_pretrained(path, add_prefix_space=True) (from_pretrained does this for you)"
             )
         return tokenizer(words_batch, is_split_into_words=True, padding="longest", truncation=True,
                          max_length=limit, pad_to_multiple_of=self._pad_multiple(limit), return_tensors="pt",

@@ -27,6 +27,7 @@ from heads.token_classification import (
 from tiny_models import FAMILIES, tiny_config, tiny_tokenizer
 from tokcls_helpers import (
     TAGS,
+    byte_level_tokenizer,
     random_labels,
     random_tagged,
     subword_config,
@@ -205,7 +206,7 @@ def test_tag_equals_pipeline_on_the_export(family, tmp_path):
     head = make_head(family, seed=7, labels=TAGS)
     head.max_length = 40
     texts = [" ".join(words) for words, _ in random_tagged(8, seed=8, max_words=12)]
-    texts += ["the movie, was GOOD!", "a"]  # punctuation, case, a one-word text
+    texts += ["the movie, was GOOD!", "a", "zqxv good " * 12]  # punctuation, case, one word, cut at max_length
     out = head.save_pretrained(tmp_path / "tagger")
     pipe = pipeline("token-classification", model=str(out), device="cpu")
     assert head.model.training  # tag() leaves the mode as it found it
@@ -340,3 +341,30 @@ def test_push_dir_has_a_token_classification_card(tmp_path):
     assert card.data.pipeline_tag == "token-classification" and "token-classification" in card.data.tags
     assert 'pipeline("token-classification", model="my-tagger", aggregation_strategy="simple")' in card.text
     assert ", ".join(TAGS) in card.text
+
+
+def test_byte_level_bpe_words_keep_their_leading_space(tmp_path):
+    """RoBERTa's tokenizer marks a word start with a space: pre-split words need add_prefix_space=True, which
+    from_pretrained sets (as run_ner.py does); a tokenizer without it is refused. tag() still equals the pipeline."""
+    from transformers import RobertaModel
+
+    plain = byte_level_tokenizer()
+    config = tiny_config("roberta")
+    config.vocab_size = len(plain)
+    torch.manual_seed(0)
+    RobertaModel(config).save_pretrained(tmp_path / "base")
+    plain.save_pretrained(tmp_path / "base")
+    head = AutoHeadForTokenClassification.from_pretrained(tmp_path / "base", labels=TAGS)
+    words = ["the", "film", "was", "good!"]
+    enc = head.encode([words])
+    tokens = head.tokenizer.convert_ids_to_tokens(enc["input_ids"][0].tolist())
+    assert [t for t in tokens if t.startswith("Ġ")] == ["Ġt", "Ġf", "Ġw", "Ġg"] and len(tokens) > len(words) + 4
+    with pytest.raises(ValueError, match="has add_prefix_space=False, so pre-split words would lose the leading"):
+        AutoHeadForTokenClassification.from_config(config, labels=TAGS, tokenizer=plain).encode([words])
+    texts = ["the film was good!", "in the end, i think it's fine", "zebra"]
+    pipe = pipeline("token-classification", model=str(head.save_pretrained(tmp_path / "tagger")), device="cpu")
+    for strategy in ("none", "simple", "max"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            assert_same_entities(head.tag(texts, strategy, ignore_labels=[]),
+                                 pipe(texts, aggregation_strategy=strategy, ignore_labels=[]))

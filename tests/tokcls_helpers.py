@@ -18,7 +18,7 @@ from transformers import PretrainedConfig, PreTrainedTokenizerFast
 from tiny_models import BERT_LIKE, TOY_WORDS, tiny_config, toy_task
 
 __all__ = ["TAGS", "SUFFIXES", "subword_tokenizer", "subword_config", "random_tagged", "toy_tagging",
-           "tag_of", "random_labels"]
+           "tag_of", "random_labels", "byte_level_tokenizer"]
 
 TAGS = ["O", "B-POS", "I-POS", "B-NEG", "I-NEG", "B-THING", "I-THING"]
 """Tag names of every test tagger, in id order (BIO, so B- -> I- mapping and entity grouping are exercised)."""
@@ -117,3 +117,17 @@ def random_labels(shape: tuple[int, int], num_labels: int, seed: int, masked: fl
     labels = torch.randint(0, num_labels, shape, generator=g)
     labels[torch.rand(shape, generator=g) < masked] = -100
     return labels
+
+
+def byte_level_tokenizer(add_prefix_space: bool = False):
+    """A real byte-level BPE ``RobertaTokenizer`` (RoBERTa's kind: ``Ġ`` marks a word start, no continuation
+    prefix) over lower-case letters and punctuation, with merges ``Ġ``+letter and a few letter pairs, so words
+    split into several pieces. Its ids fit ``tiny_config("roberta")`` when ``vocab_size`` is ``len(tokenizer)``."""
+    from transformers import RobertaTokenizer
+
+    letters = list(string.ascii_lowercase)
+    pairs = [("t", "h"), ("e", "r"), ("i", "n"), ("o", "o"), ("e", "d")]
+    merges = [("Ġ", c) for c in letters] + pairs
+    pieces = letters + ["Ġ", "!", ",", ".", "?", "'"] + ["Ġ" + c for c in letters] + [a + b for a, b in pairs]
+    vocab = {tok: i for i, tok in enumerate(_ROBERTA_SPECIALS + tuple(pieces))}
+    return RobertaTokenizer(vocab=vocab, merges=merges, add_prefix_space=add_prefix_space)
