@@ -22,6 +22,8 @@ Decisions (each tested):
 - Task mismatch: a checkpoint whose ``config.architectures`` names another task's head (sequence classification,
   QA, multiple choice...) is refused, because for most families that head's ``classifier.*`` keys would otherwise
   load silently as a token classifier. Base, masked-LM and pre-training checkpoints load with a fresh classifier.
+- Byte-level BPE tokenizers (RoBERTa's) mark a word start with a space: ``from_pretrained`` loads them with
+  ``add_prefix_space=True`` (as ``run_ner.py`` does) and ``encode`` refuses one without it.
 """
 
 from __future__ import annotations
