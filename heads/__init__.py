@@ -17,6 +17,8 @@ agreeing with ``predict``). Importing it only defines classes. Files:
 - ``bert.py``, ``distilbert.py``, ``roberta.py``, ``albert.py``, ``xlm_roberta.py``, ``deberta_v2.py``: families.
 - ``auto.py``: AutoHeadForSequenceClassification and SUPPORTED_MODEL_TYPES.
 - ``_task.py``: TaskHead, what every task head shares; ``families.py``: each family's task-independent facts.
+- ``token_classification.py`` (+ ``_token_classification_*.py``): token classification heads, six families and
+  AutoHeadForTokenClassification.
 - ``masked_lm.py`` (+ ``_mlm_*.py``): masked-LM heads for the six families and AutoHeadForMaskedLM.
 """
 
@@ -38,6 +40,16 @@ from .masked_lm import (
     XLMRobertaForMaskedLM,
 )
 from .roberta import RobertaForSequenceClassification
+from .token_classification import (
+    AlbertForTokenClassification,
+    AutoHeadForTokenClassification,
+    BertForTokenClassification,
+    DebertaV2ForTokenClassification,
+    DistilBertForTokenClassification,
+    RobertaForTokenClassification,
+    TokenClassificationHead,
+    XLMRobertaForTokenClassification,
+)
 from .xlm_roberta import XLMRobertaForSequenceClassification
 
 __all__ = [
@@ -60,4 +72,12 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "SequenceClassificationHead",
     "XLMRobertaForSequenceClassification",
+    "AlbertForTokenClassification",
+    "AutoHeadForTokenClassification",
+    "BertForTokenClassification",
+    "DebertaV2ForTokenClassification",
+    "DistilBertForTokenClassification",
+    "RobertaForTokenClassification",
+    "TokenClassificationHead",
+    "XLMRobertaForTokenClassification",
 ]

@@ -43,6 +43,14 @@ def test_public_names_are_pinned():
         "SUPPORTED_MODEL_TYPES",
         "SequenceClassificationHead",
         "XLMRobertaForSequenceClassification",
+        "AlbertForTokenClassification",
+        "AutoHeadForTokenClassification",
+        "BertForTokenClassification",
+        "DebertaV2ForTokenClassification",
+        "DistilBertForTokenClassification",
+        "RobertaForTokenClassification",
+        "TokenClassificationHead",
+        "XLMRobertaForTokenClassification",
     ]
     assert all(isinstance(name, str) and hasattr(heads, name) for name in heads.__all__)
     assert heads.SUPPORTED_MODEL_TYPES == FAMILIES
