@@ -23,10 +23,16 @@ from flodl_hf.graph import Graph
 from . import _hub, _inputs, _io, _load, _save
 from ._io import CheckpointError, HeadKeys, PathLike
 
-__all__ = ["TaskHead", "TransformersClass", "DEFAULT_MAX_LENGTH", "Encoding"]
+__all__ = ["TaskHead", "TransformersClass", "DEFAULT_MAX_LENGTH", "Encoding", "TASK_SUFFIXES"]
 DEFAULT_MAX_LENGTH = _load.DEFAULT_MAX_LENGTH
 
 Encoding = dict[str, torch.Tensor]
+
+TASK_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "ForMultipleChoice",
+                 "ForNextSentencePrediction")
+"""``config.architectures`` suffixes of checkpoints fine-tuned for a task (a head refuses the others')."""
+_TASK_BY_NAME = {"text-classification": "ForSequenceClassification"}
+"""Pipeline task -> its suffix, for heads that use :meth:`TaskHead._check_task` (the newer heads check their own)."""
 
 
 class TransformersClass:
@@ -107,10 +113,30 @@ class TaskHead:
         _inputs.apply_labels(config, num_labels, labels)
 
     @classmethod
+    def _check_task(cls, path_or_id: PathLike, options: Any) -> None:
+        """Refuse a checkpoint whose ``config.architectures`` names another task's head (``TASK_SUFFIXES``): its
+        task weights could otherwise load as this head's (a tagger's ``classifier.*`` as a sentence classifier's)
+        or be dropped without a word. Base, masked-LM and pre-training checkpoints pass."""
+        own = _TASK_BY_NAME.get(cls.task)
+        if own is None:
+            return
+        config = _io.load_config(path_or_id, cls._check_model_type, options.hub_kwargs())
+        names = [str(name) for name in (getattr(config, "architectures", None) or ())]
+        other = [n for n in names if any(n.endswith(s) for s in TASK_SUFFIXES if s != own)]
+        if other:
+            raise CheckpointError(
+                f"{str(path_or_id)!r} is a {other[0]} checkpoint (config.json architectures), not a "
+                f"{cls.task} model: load it with the head of its task, or save its encoder alone "
+                "(model.base_model.save_pretrained(dir)) and load that for a fresh head"
+            )
+
+    @classmethod
     def _load(cls, path_or_id: PathLike, *, num_labels: Optional[int], labels: Optional[Sequence[str]],
               max_length: Optional[int], problem_type: Optional[str], tokenizer: Any,
               options: Any) -> tuple[Any, Any, int]:
-        """``(model, tokenizer, max_length)`` of a checkpoint, loaded strictly (``heads._load``)."""
+        """``(model, tokenizer, max_length)`` of a checkpoint, loaded strictly (``heads._load``), after
+        :meth:`_check_task`."""
+        cls._check_task(path_or_id, options)
         return _load.load_parts(
             cls.model_class, cls.head_keys, cls._check_model_type, path_or_id, num_labels=num_labels,
             labels=labels, max_length=max_length, problem_type=problem_type, tokenizer=tokenizer, options=options,
