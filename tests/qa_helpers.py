@@ -1,5 +1,5 @@
-"""Test helpers for the question-answering heads: random QA items over ``TOY_WORDS``, a toy extractive task (``opinion_task``), and a
-plain reference of the transformers ``question-answering`` pipeline.
+"""Test helpers for the question-answering heads: random QA items over ``TOY_WORDS``, a toy extractive task
+(``opinion_task``), and a plain reference of the transformers ``question-answering`` pipeline.
 
 The pipeline itself was removed in transformers 5 (``pipeline("question-answering")`` now raises), so
 :func:`pipeline_answers` restates its documented algorithm (transformers 4.57 ``QuestionAnsweringPipeline``) the

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 from transformers.modeling_outputs import QuestionAnsweringModelOutput
 
+from flodl_hf.graph import HasGraph
 from heads import CheckpointError
 from heads.question_answering import QA_HEAD_CLASSES, AutoHeadForQuestionAnswering, QuestionAnsweringHead
 from qa_helpers import normalise, opinion_task, pipeline_answers, random_context, random_item
@@ -26,6 +27,23 @@ Auto = AutoHeadForQuestionAnswering
 def fresh(family: str, max_length: int = 32, seed: int = 0) -> QuestionAnsweringHead:
     torch.manual_seed(seed)
     return Auto.from_config(tiny_config(family), tokenizer=tiny_tokenizer(family), max_length=max_length)
+
+
+# --- declarations ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_declarations_match_the_transformers_layout(family):
+    cls = QA_HEAD_CLASSES[family]
+    head = cls.on_device(tiny_config(family), None, "cpu")
+    model = head.model
+    assert cls.model_class is type(model) and type(model).__name__ == cls.__name__
+    assert cls.config_class is type(tiny_config(family)) and cls.model_type == family
+    prefix = model.base_model_prefix + "."
+    assert {k for k in model.state_dict() if not k.startswith(prefix)} == set(cls.head_keys.head)
+    assert model.state_dict()[cls.head_keys.classifier].shape[0] == 2
+    assert isinstance(head, HasGraph) and head.graph().module is model and not isinstance(head, torch.nn.Module)
+    positions = 62 if family in ("roberta", "xlm-roberta") else 64  # RoBERTa positions start after the pad id
+    assert cls.max_positions(tiny_config(family)) == positions == head.max_length  # 128 asked, capped
+    assert head.labels() == [] and f"{cls.__name__}(max_length={positions}, doc_stride={positions // 2}," in repr(head)
 
 
 # --- loss -------------------------------------------------------------------------------------------------------
@@ -168,7 +186,8 @@ def test_answer_equals_the_pipeline_on_the_exported_model(family, tmp_path):
     batched = head.answer(questions, contexts, top_k=2, batch_size=3)
     for got, (q, c) in zip(batched, zip(questions, contexts)):
         alone = head.answer(q, c, top_k=2)  # padded with other windows or not: same spans, scores to float noise
-        assert [(a["answer"], a["start"], a["end"]) for a in got] == [(a["answer"], a["start"], a["end"]) for a in alone]
+        spans = [(a["answer"], a["start"], a["end"]) for a in got]
+        assert spans == [(a["answer"], a["start"], a["end"]) for a in alone]
         assert [a["score"] for a in got] == pytest.approx([a["score"] for a in alone], abs=1e-6)
 
 
