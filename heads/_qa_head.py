@@ -198,7 +198,9 @@ class QuestionAnsweringHead(TaskHead):
         first answer is trained on; empty lists: no answer) or flat ``{"question", "context", "answer_text",
         "answer_start"}`` (a character offset into the context). Returns the windows' inputs (on the graph's device)
         and a LongTensor ``[W, 2]`` of (start, end) token positions, on the CPU; a window without the whole answer is
-        labelled with its CLS position. An answer whose offset does not point at its text raises ValueError.
+        labelled with its CLS position. An answer whose offset does not point at its text raises ValueError. As in
+        transformers' examples, an answer that no window holds whole (longer than the overlap and cut at a window
+        edge) leaves every window of its item labelled CLS: keep ``doc_stride`` above the longest answer.
         """
         questions, contexts, spans = _qa_items.parse_items(items)
         windows = self._windows(questions, contexts, None)
@@ -265,8 +267,9 @@ class QuestionAnsweringHead(TaskHead):
         character offsets into the context), as transformers' ``question-answering`` pipeline chose them over all
         stride windows (see ``heads._qa_decode``; windows of ``max_length`` tokens, so a pipeline agrees up to 384).
 
-        ``top_k`` 1 gives a dict, more a list of up to ``top_k`` dicts, best first; lists of questions and contexts
-        give a list of those. ``handle_impossible_answer``: also consider the empty answer (CLS). Runs in eval mode
+        ``top_k`` 1 gives a dict, more a list of up to ``top_k`` dicts, best first (always a list: the pipeline
+        returned a bare dict whenever it found a single answer); lists of questions and contexts give a list of
+        those. ``handle_impossible_answer``: also consider the empty answer (CLS). Runs in eval mode
         without gradients and restores each module's train/eval mode afterwards.
         """
         single = isinstance(question, str)
@@ -298,7 +301,8 @@ class QuestionAnsweringHead(TaskHead):
             _qa_decode.merge_answers(c, found, top_k=top_k, handle_impossible_answer=handle_impossible_answer)
             for c, found in zip(contexts, per_sample, strict=True)
         ]
-        shaped = [r[0] if top_k == 1 else r for r in results]
+        empty = {"score": 0.0, "start": 0, "end": 0, "answer": ""}  # only if every context probability underflowed
+        shaped = [(r[0] if r else empty) if top_k == 1 else r for r in results]
         return shaped[0] if single else shaped
 
     # --- output -------------------------------------------------------------------------------------------

@@ -149,8 +149,8 @@ def test_base_checkpoint_then_save_reloads_strictly_in_transformers(family, tiny
     want = model(**enc)
     got = head(**enc)
     assert torch.equal(got.start_logits, want.start_logits) and torch.equal(got.end_logits, want.end_logits)
-    again = Auto.from_pretrained(out)  # a full QA checkpoint: loaded strictly, with its training max_length
-    assert again.max_length == head.max_length
+    again = Auto.from_pretrained(out, doc_stride=5)  # a full QA checkpoint: loaded strictly, its max_length kept
+    assert again.max_length == head.max_length and again.stride() == 5
     for (name, p), q in zip(again.model.state_dict().items(), head.model.state_dict().values()):
         assert torch.equal(p, q), name
     config = json.loads((out / "config.json").read_text())
@@ -266,6 +266,8 @@ def test_a_question_too_long_or_a_stride_too_large_is_refused():
         head.answer("what was it", long_context, doc_stride=6)
     with pytest.raises(ValueError, match=r"doc_stride=12 is invalid: use an integer in \[0, 12\)"):
         head.answer("what", long_context, doc_stride=12)
+    with pytest.raises(ValueError, match="doc_stride=-1 is invalid"):
+        head.doc_stride = -1
 
 
 def test_labels_and_other_label_counts_are_refused(tiny_checkpoint):
@@ -291,6 +293,17 @@ def test_a_checkpoint_fine_tuned_for_another_task_is_refused(tiny_checkpoint, tm
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(classifier / name, base / name)
     assert Auto.from_pretrained(base).num_labels == 2
+
+
+def test_a_qa_checkpoint_missing_part_of_its_qa_layer_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    out = fresh("albert").save_pretrained(tmp_path / "qa")
+    weights = load_file(out / "model.safetensors")
+    del weights["qa_outputs.bias"]
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="only part of the classifier: qa_outputs.bias missing"):
+        Auto.from_pretrained(out)
 
 
 def test_unsupported_model_type_and_the_shared_base_are_refused():
