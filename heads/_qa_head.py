@@ -31,7 +31,6 @@ QA_HEAD_KEYS = HeadKeys(head=("qa_outputs.weight", "qa_outputs.bias"), optional=
 """The QA output layer of every family (``[2, hidden]``: start and end logits); its encoders have no pooler."""
 
 _OTHER_TASKS = ("ForSequenceClassification", "ForTokenClassification", "ForMultipleChoice")
-Answer = dict[str, Any]
 
 
 def _check_task(config: Any, path_or_id: PathLike) -> None:
