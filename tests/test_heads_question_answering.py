@@ -122,6 +122,27 @@ def test_char_spans_map_to_token_positions_over_stride_windows(family):
     assert all(n >= 1 for n in labelled)  # the overlap (6 tokens) is longer than any answer (<= 3 words + 3 marks)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_encode_puts_the_whole_question_first_in_every_window(family):
+    head = fresh(family, max_length=20)
+    rng = random.Random(2)
+    questions = ["what was good", "the movie"]
+    contexts = [random_context(rng, 50), random_context(rng, 3)]
+    enc = head.encode(questions, contexts)
+    assert set(enc) == set(head.input_names)
+    rows = enc["input_ids"].tolist()
+    assert len(rows) > 2 and all(len(row) <= 20 for row in rows)
+    tokenizer = head.tokenizer
+    asked = [tokenizer(q, add_special_tokens=False)["input_ids"] for q in questions]
+    for row, mask in zip(rows, enc["attention_mask"].tolist()):
+        real = row[: sum(mask)]
+        found = [ids for ids in asked if real[1 : 1 + len(ids)] == ids]
+        assert len(found) == 1, real  # one whole question right after CLS, never cut
+        assert real[0] == tokenizer.cls_token_id and real[1 + len(found[0])] == tokenizer.sep_token_id
+    if "token_type_ids" in enc:  # the context is segment 1
+        assert enc["token_type_ids"][0, -2].item() == 1 and enc["token_type_ids"][0, 1].item() == 0
+
+
 def test_unanswerable_items_label_every_window_with_cls():
     head = fresh("roberta", max_length=16)
     context = random_context(random.Random(0), 30)
