@@ -13,6 +13,7 @@ always has two outputs (start and end logits). A family class (``heads.question_
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Optional, Sequence, Union
@@ -20,7 +21,7 @@ from typing import Any, ClassVar, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from . import _load, _qa_card, _qa_decode, _qa_items, _qa_windows
+from . import _io, _load, _qa_card, _qa_decode, _qa_items, _qa_windows
 from ._io import CheckpointError, HeadKeys, PathLike
 from ._task import Encoding, TaskHead, TransformersClass
 from .families import Family
@@ -44,6 +45,35 @@ def _check_task(config: Any, path_or_id: PathLike) -> None:
             "another task: loading it for question answering would drop its head and start a fresh one. Load a base "
             "or question-answering checkpoint; to start from this encoder on purpose, save it as a base checkpoint "
             "first (transformers.AutoModel.from_pretrained(path).save_pretrained(new_dir), plus the tokenizer)"
+        )
+
+
+def _weight_names(path_or_id: PathLike) -> Optional[set[str]]:
+    """The tensor names of a local checkpoint's safetensors weights (None: a Hub id or a ``.bin`` checkpoint)."""
+    if not _io.is_local_path(path_or_id):
+        return None
+    weights = _io.find_weights(Path(path_or_id).expanduser())
+    if weights.name.endswith(".index.json"):
+        return set(json.loads(weights.read_text(encoding="utf-8"))["weight_map"])
+    if not weights.name.endswith(".safetensors"):
+        return None
+    from safetensors import safe_open
+
+    with safe_open(str(weights), framework="pt") as handle:
+        return set(handle.keys())
+
+
+def _check_qa_layer(config: Any, path_or_id: PathLike) -> None:
+    """Refuse a checkpoint that says it is a QA model but holds no QA layer (it would get a fresh one unnoticed)."""
+    names = [str(a) for a in (getattr(config, "architectures", None) or [])]
+    if not any(n.endswith("ForQuestionAnswering") for n in names):
+        return
+    keys = _weight_names(path_or_id)
+    if keys is not None and not any(k.endswith(QA_HEAD_KEYS.classifier) for k in keys):
+        raise CheckpointError(
+            f"{str(path_or_id)!r}: config.json 'architectures' names {', '.join(names)} but its weights hold no "
+            f"{QA_HEAD_KEYS.classifier}: the checkpoint is damaged; re-save it, or load its base model to start a "
+            "fresh QA layer"
         )
 
 
@@ -101,6 +131,7 @@ class QuestionAnsweringHead(TaskHead):
               options: Any) -> tuple[Any, Any, int]:
         def apply(config: Any, n: Optional[int], names: Optional[Sequence[str]]) -> None:
             _check_task(config, path_or_id)
+            _check_qa_layer(config, path_or_id)
             cls._apply_labels(config, n, names)
 
         return _load.load_parts(

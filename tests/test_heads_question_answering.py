@@ -316,7 +316,7 @@ def test_a_checkpoint_fine_tuned_for_another_task_is_refused(tiny_checkpoint, tm
     assert Auto.from_pretrained(base).num_labels == 2
 
 
-def test_a_qa_checkpoint_missing_part_of_its_qa_layer_is_refused(tmp_path):
+def test_a_qa_checkpoint_missing_its_qa_layer_is_refused(tmp_path):
     from safetensors.torch import load_file, save_file
 
     out = fresh("albert").save_pretrained(tmp_path / "qa")
@@ -324,6 +324,10 @@ def test_a_qa_checkpoint_missing_part_of_its_qa_layer_is_refused(tmp_path):
     del weights["qa_outputs.bias"]
     save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match="only part of the classifier: qa_outputs.bias missing"):
+        Auto.from_pretrained(out)
+    del weights["qa_outputs.weight"]  # no QA layer at all, though config.json says AlbertForQuestionAnswering
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="names AlbertForQuestionAnswering but its weights hold no qa_outputs.weight"):
         Auto.from_pretrained(out)
 
 
