@@ -160,7 +160,8 @@ class QuestionAnsweringHead(TaskHead):
 
         A base checkpoint (no ``qa_outputs``) gets a fresh QA layer (logged at WARNING); a QA checkpoint is loaded
         strictly. A checkpoint fine-tuned for another task (config ``architectures`` such as
-        ``BertForSequenceClassification``) is refused (``CheckpointError``) rather than silently losing its head.
+        ``BertForSequenceClassification``) is refused (``CheckpointError``) rather than silently losing its head, and
+        so is a local checkpoint whose config names a QA model but whose weights hold no QA layer.
         ``max_length`` None: a QA checkpoint's saved training length, else 128. ``doc_stride``: see the class.
         ``num_labels`` may only be 2. transformers' keywords as in ``SequenceClassificationHead.from_pretrained``.
         """
