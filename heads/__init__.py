@@ -1,4 +1,5 @@
-"""Task heads: text classifiers to fine-tune, one module per model family plus auto dispatch.
+"""Task heads to fine-tune: text classification, token classification, extractive QA and masked LM, for six
+model families, each with auto dispatch on ``config.model_type``.
 
 It exists to give the training loop one surface for every family (``from_pretrained``, ``on_device``,
 ``config``, ``labels``, ``encode``, ``collate``, ``compute_loss``, ``predict``, ``graph``, ``save_pretrained``,
@@ -19,6 +20,7 @@ agreeing with ``predict``). Importing it only defines classes. Files:
 - ``_task.py``: TaskHead, what every task head shares; ``families.py``: each family's task-independent facts.
 - ``token_classification.py`` (+ ``_token_classification_*.py``): token classification heads, six families and
   AutoHeadForTokenClassification.
+- ``question_answering.py`` (+ ``_qa_*.py``): extractive QA heads, six families and AutoHeadForQuestionAnswering.
 - ``masked_lm.py`` (+ ``_mlm_*.py``): masked-LM heads for the six families and AutoHeadForMaskedLM.
 """
 
@@ -38,6 +40,16 @@ from .masked_lm import (
     MaskedLMHead,
     RobertaForMaskedLM,
     XLMRobertaForMaskedLM,
+)
+from .question_answering import (
+    AlbertForQuestionAnswering,
+    AutoHeadForQuestionAnswering,
+    BertForQuestionAnswering,
+    DebertaV2ForQuestionAnswering,
+    DistilBertForQuestionAnswering,
+    QuestionAnsweringHead,
+    RobertaForQuestionAnswering,
+    XLMRobertaForQuestionAnswering,
 )
 from .roberta import RobertaForSequenceClassification
 from .token_classification import (
@@ -80,4 +92,12 @@ __all__ = [
     "RobertaForTokenClassification",
     "TokenClassificationHead",
     "XLMRobertaForTokenClassification",
+    "AlbertForQuestionAnswering",
+    "AutoHeadForQuestionAnswering",
+    "BertForQuestionAnswering",
+    "DebertaV2ForQuestionAnswering",
+    "DistilBertForQuestionAnswering",
+    "QuestionAnsweringHead",
+    "RobertaForQuestionAnswering",
+    "XLMRobertaForQuestionAnswering",
 ]

@@ -23,8 +23,7 @@ import torch.nn.functional as F
 
 from . import _io, _load, _qa_card, _qa_decode, _qa_items, _qa_windows
 from ._io import CheckpointError, HeadKeys, PathLike
-from ._task import Encoding, TaskHead, TransformersClass
-from .families import Family
+from ._task import Encoding, TaskHead
 
 __all__ = ["QuestionAnsweringHead", "QA_HEAD_KEYS"]
 
@@ -87,25 +86,12 @@ class QuestionAnsweringHead(TaskHead):
     task: ClassVar[str] = "question-answering"
     auto_name: ClassVar[str] = "AutoHeadForQuestionAnswering"
     head_keys: ClassVar[HeadKeys] = QA_HEAD_KEYS
-    family: ClassVar[Optional[Family]] = None
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        family = cls.__dict__.get("family")
-        if family is not None:
-            name = family.transformers_name("ForQuestionAnswering")
-            cls.model_type, cls.input_names = family.model_type, family.input_names
-            cls.config_class = TransformersClass(f"{family.prefix}Config")
-            cls.model_class = TransformersClass(name)
+    task_suffix: ClassVar[str] = "ForQuestionAnswering"
 
     def __init__(self, model: Any, tokenizer: Any = None, *, max_length: int = _load.DEFAULT_MAX_LENGTH,
                  device: Optional[Union[torch.device, str]] = None, doc_stride: Optional[int] = None) -> None:
         super().__init__(model, tokenizer, max_length=max_length, device=device)
         self.doc_stride = doc_stride
-
-    @classmethod
-    def max_positions(cls, config: Any) -> Optional[int]:
-        return cls.family.max_positions(config) if cls.family is not None else super().max_positions(config)
 
     # --- construction -------------------------------------------------------------------------------------
     @classmethod

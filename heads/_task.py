@@ -73,6 +73,19 @@ class TaskHead:
     """The auto class that dispatches this task (named in errors)."""
     family_record: ClassVar[Any] = None
     """The family's :class:`heads.families.Family`, for heads declared from it (its ``max_positions`` is used)."""
+    family: ClassVar[Any] = None
+    """A family class's declaration: ``family = FAMILIES["bert"]`` in a task base with a :attr:`task_suffix` fills
+    ``model_type``, ``config_class``, ``model_class``, ``input_names`` and ``family_record`` from the record."""
+    task_suffix: ClassVar[str] = ""
+    """The transformers class suffix of the task, e.g. ``"ForTokenClassification"``."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        family = cls.__dict__.get("family")
+        if family is not None and cls.task_suffix:
+            cls.model_type, cls.input_names, cls.family_record = family.model_type, family.input_names, family
+            cls.config_class = TransformersClass(family.transformers_name("Config"))
+            cls.model_class = TransformersClass(family.transformers_name(cls.task_suffix))
 
     def __init__(
         self,

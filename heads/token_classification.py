@@ -40,8 +40,8 @@ from . import _token_classification_inputs as _words
 from . import _token_classification_tags as _tags
 from ._hub import load_options
 from ._io import CheckpointError, HeadKeys, PathLike, load_config, load_tokenizer
-from ._task import DEFAULT_MAX_LENGTH, TaskHead, TransformersClass
-from .families import FAMILIES, Family
+from ._task import DEFAULT_MAX_LENGTH, TaskHead
+from .families import FAMILIES
 
 __all__ = [
     "TokenClassificationHead",
@@ -75,17 +75,7 @@ class TokenClassificationHead(TaskHead):
     task: ClassVar[str] = "token-classification"
     auto_name: ClassVar[str] = "AutoHeadForTokenClassification"
     head_keys: ClassVar[HeadKeys] = TOKEN_HEAD_KEYS
-    family: ClassVar[Optional[Family]] = None
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        family = cls.__dict__.get("family")
-        if family is not None:
-            cls.model_type = family.model_type
-            cls.config_class = TransformersClass(f"{family.prefix}Config")
-            cls.model_class = TransformersClass(family.transformers_name("ForTokenClassification"))
-            cls.input_names = family.input_names
-            cls.family_record = family
+    task_suffix: ClassVar[str] = "ForTokenClassification"
 
     def __init__(self, model: Any, tokenizer: Any = None, *, max_length: int = DEFAULT_MAX_LENGTH,
                  device: Optional[Union[torch.device, str]] = None, label_all_subwords: bool = False) -> None:

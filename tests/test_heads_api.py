@@ -51,6 +51,14 @@ def test_public_names_are_pinned():
         "RobertaForTokenClassification",
         "TokenClassificationHead",
         "XLMRobertaForTokenClassification",
+        "AlbertForQuestionAnswering",
+        "AutoHeadForQuestionAnswering",
+        "BertForQuestionAnswering",
+        "DebertaV2ForQuestionAnswering",
+        "DistilBertForQuestionAnswering",
+        "QuestionAnsweringHead",
+        "RobertaForQuestionAnswering",
+        "XLMRobertaForQuestionAnswering",
     ]
     assert all(isinstance(name, str) and hasattr(heads, name) for name in heads.__all__)
     assert heads.SUPPORTED_MODEL_TYPES == FAMILIES
