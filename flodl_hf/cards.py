@@ -258,24 +258,31 @@ def upgrade_card_metadata(path: Union[str, Path]) -> bool:
 
 def write_basic_card(directory: Union[str, Path], *, model_name: str, labels: Sequence[str],
                      model_type: Optional[str] = None, max_length: Optional[int] = None, pairs: bool = False,
-                     filename: str = "README.md") -> Path:
+                     filename: str = "README.md", pipeline_tag: str = PIPELINE_TAG) -> Path:
     """A short card for a head pushed without a training run's scores (``head.push_to_hub`` without ``card=``):
-    the same metadata conventions, the labels and how to use it. Checked with ``check_model_card(scores=False)``."""
+    the same metadata conventions, the labels and how to use it. Checked with ``check_model_card(scores=False)``.
+    ``pipeline_tag``: the head's task (one of :data:`TASK_PIPELINE_TAGS`)."""
     from huggingface_hub import ModelCard, ModelCardData
 
     if not labels:
         raise ValueError("labels is empty: a classifier card needs its label names")
-    tags = [FLODL_TAG, PIPELINE_TAG] + ([model_type] if model_type else [])
-    data = ModelCardData(library_name=LIBRARY_NAME, pipeline_tag=PIPELINE_TAG, tags=tags, model_name=model_name)
-    call = ('classifier({"text": "first text", "text_pair": "second text"})' if pairs
-            else 'classifier("What a great day!")')
+    if pipeline_tag not in TASK_PIPELINE_TAGS:
+        raise ValueError(f"pipeline_tag={pipeline_tag!r} is unknown: use one of {', '.join(TASK_PIPELINE_TAGS)}")
+    tags = [FLODL_TAG, pipeline_tag] + ([model_type] if model_type else [])
+    data = ModelCardData(library_name=LIBRARY_NAME, pipeline_tag=pipeline_tag, tags=tags, model_name=model_name)
+    if pipeline_tag == "token-classification":
+        what, make, call = ("A token classifier (tagger)", 'tagger = pipeline("token-classification", model="{}", '
+                            'aggregation_strategy="simple")', 'tagger("My name is Sarah and I live in London")')
+    else:
+        what, make = "A text classifier", 'classifier = pipeline("text-classification", model="{}", truncation=True)'
+        call = ('classifier({"text": "first text", "text_pair": "second text"})' if pairs
+                else 'classifier("What a great day!")')
     limit = f" Texts are truncated to {max_length} tokens, as in training." if max_length else ""
     text = (f"---\n{data.to_yaml()}\n---\n\n# {_cell(model_name)}\n\n"
-            f"A text classifier fine-tuned with [flodl-hf](https://pypi.org/project/flodl-hf/), with "
+            f"{what} fine-tuned with [flodl-hf](https://pypi.org/project/flodl-hf/), with "
             f"{len(labels)} labels: {', '.join(_cell(label) for label in labels)}.{limit}\n\n"
             "## How to use\n\n```python\nfrom transformers import pipeline\n\n"
-            'classifier = pipeline("text-classification", model="' + _cell(model_name) + '", truncation=True)\n'
-            f"{call}\n```\n")
+            + make.format(_cell(model_name)) + "\n" + f"{call}\n```\n")
     path = Path(directory) / filename
     ModelCard(text).save(path)
     check_model_card(path, scores=False)

@@ -130,6 +130,7 @@ def write_push_dir(head: Any, directory: Union[str, os.PathLike], *, name: str, 
             labels=head.labels(),
             model_type=str(getattr(head.config(), "model_type", "")) or None,
             max_length=head.max_length,
+            pipeline_tag=getattr(head, "task", "") or "text-classification",
         )
     return out
 

@@ -23,10 +23,16 @@ from flodl_hf.graph import Graph
 from . import _hub, _inputs, _io, _load, _save
 from ._io import CheckpointError, HeadKeys, PathLike
 
-__all__ = ["TaskHead", "TransformersClass", "DEFAULT_MAX_LENGTH", "Encoding"]
+__all__ = ["TaskHead", "TransformersClass", "DEFAULT_MAX_LENGTH", "Encoding", "TASK_SUFFIXES"]
 DEFAULT_MAX_LENGTH = _load.DEFAULT_MAX_LENGTH
 
 Encoding = dict[str, torch.Tensor]
+
+TASK_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "ForMultipleChoice",
+                 "ForNextSentencePrediction")
+"""``config.architectures`` suffixes of checkpoints fine-tuned for a task (a head refuses the others')."""
+_TASK_BY_NAME = {"text-classification": "ForSequenceClassification"}
+"""Pipeline task -> its suffix, for heads that use :meth:`TaskHead._check_task` (the newer heads check their own)."""
 
 
 class TransformersClass:
@@ -65,6 +71,21 @@ class TaskHead:
     """The pipeline task name, e.g. ``"text-classification"``."""
     auto_name: ClassVar[str] = "an Auto head"
     """The auto class that dispatches this task (named in errors)."""
+    family_record: ClassVar[Any] = None
+    """The family's :class:`heads.families.Family`, for heads declared from it (its ``max_positions`` is used)."""
+    family: ClassVar[Any] = None
+    """A family class's declaration: ``family = FAMILIES["bert"]`` in a task base with a :attr:`task_suffix` fills
+    ``model_type``, ``config_class``, ``model_class``, ``input_names`` and ``family_record`` from the record."""
+    task_suffix: ClassVar[str] = ""
+    """The transformers class suffix of the task, e.g. ``"ForTokenClassification"``."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        family = cls.__dict__.get("family")
+        if family is not None and cls.task_suffix:
+            cls.model_type, cls.input_names, cls.family_record = family.model_type, family.input_names, family
+            cls.config_class = TransformersClass(family.transformers_name("Config"))
+            cls.model_class = TransformersClass(family.transformers_name(cls.task_suffix))
 
     def __init__(
         self,
@@ -105,10 +126,30 @@ class TaskHead:
         _inputs.apply_labels(config, num_labels, labels)
 
     @classmethod
+    def _check_task(cls, path_or_id: PathLike, options: Any) -> None:
+        """Refuse a checkpoint whose ``config.architectures`` names another task's head (``TASK_SUFFIXES``): its
+        task weights could otherwise load as this head's (a tagger's ``classifier.*`` as a sentence classifier's)
+        or be dropped without a word. Base, masked-LM and pre-training checkpoints pass."""
+        own = _TASK_BY_NAME.get(cls.task)
+        if own is None:
+            return
+        config = _io.load_config(path_or_id, cls._check_model_type, options.hub_kwargs())
+        names = [str(name) for name in (getattr(config, "architectures", None) or ())]
+        other = [n for n in names if any(n.endswith(s) for s in TASK_SUFFIXES if s != own)]
+        if other:
+            raise CheckpointError(
+                f"{str(path_or_id)!r} is a {other[0]} checkpoint (config.json architectures), not a "
+                f"{cls.task} model: load it with the head of its task, or save its encoder alone "
+                "(model.base_model.save_pretrained(dir)) and load that for a fresh head"
+            )
+
+    @classmethod
     def _load(cls, path_or_id: PathLike, *, num_labels: Optional[int], labels: Optional[Sequence[str]],
               max_length: Optional[int], problem_type: Optional[str], tokenizer: Any,
               options: Any) -> tuple[Any, Any, int]:
-        """``(model, tokenizer, max_length)`` of a checkpoint, loaded strictly (``heads._load``)."""
+        """``(model, tokenizer, max_length)`` of a checkpoint, loaded strictly (``heads._load``), after
+        :meth:`_check_task`."""
+        cls._check_task(path_or_id, options)
         return _load.load_parts(
             cls.model_class, cls.head_keys, cls._check_model_type, path_or_id, num_labels=num_labels,
             labels=labels, max_length=max_length, problem_type=problem_type, tokenizer=tokenizer, options=options,
@@ -197,7 +238,10 @@ class TaskHead:
 
     @classmethod
     def max_positions(cls, config: Any) -> Optional[int]:
-        """The longest input the model can embed (None: unbounded). Families with offset positions override."""
+        """The longest input the model can embed (None: unbounded). Families with offset positions override, or
+        state it in their :attr:`family_record`."""
+        if cls.family_record is not None:
+            return cls.family_record.max_positions(config)
         return getattr(config, "max_position_embeddings", None)
 
     def train(self, mode: bool = True) -> Any:

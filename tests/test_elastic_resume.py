@@ -8,7 +8,6 @@ ranks on CPU (``dist_helpers``), no mocks.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch

@@ -24,6 +24,14 @@ MODULES = sorted(HEADS_DIR.glob("*.py"))
 
 def test_public_names_are_pinned():
     assert heads.__all__ == [
+        "AlbertForMaskedLM",
+        "AutoHeadForMaskedLM",
+        "BertForMaskedLM",
+        "DebertaV2ForMaskedLM",
+        "DistilBertForMaskedLM",
+        "MaskedLMHead",
+        "RobertaForMaskedLM",
+        "XLMRobertaForMaskedLM",
         "AlbertForSequenceClassification",
         "AutoHeadForSequenceClassification",
         "BertForSequenceClassification",
@@ -35,6 +43,22 @@ def test_public_names_are_pinned():
         "SUPPORTED_MODEL_TYPES",
         "SequenceClassificationHead",
         "XLMRobertaForSequenceClassification",
+        "AlbertForTokenClassification",
+        "AutoHeadForTokenClassification",
+        "BertForTokenClassification",
+        "DebertaV2ForTokenClassification",
+        "DistilBertForTokenClassification",
+        "RobertaForTokenClassification",
+        "TokenClassificationHead",
+        "XLMRobertaForTokenClassification",
+        "AlbertForQuestionAnswering",
+        "AutoHeadForQuestionAnswering",
+        "BertForQuestionAnswering",
+        "DebertaV2ForQuestionAnswering",
+        "DistilBertForQuestionAnswering",
+        "QuestionAnsweringHead",
+        "RobertaForQuestionAnswering",
+        "XLMRobertaForQuestionAnswering",
     ]
     assert all(isinstance(name, str) and hasattr(heads, name) for name in heads.__all__)
     assert heads.SUPPORTED_MODEL_TYPES == FAMILIES

@@ -273,3 +273,19 @@ def test_save_refuses_a_foreign_non_empty_directory(head, tmp_path):
 def test_base_class_is_not_usable_directly():
     with pytest.raises(TypeError, match="shared base"):
         heads.SequenceClassificationHead(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert", "roberta"])
+def test_a_tagger_checkpoint_is_not_loaded_as_a_sentence_classifier(tmp_path, family):
+    """A token classifier's ``classifier.*`` has the sentence classifier's keys and shapes (bert, albert, deberta):
+    it used to load silently as a text classifier. Its config names its task, so it is refused in one line."""
+    torch.manual_seed(0)
+    tagger = heads.AutoHeadForTokenClassification.from_config(tiny_config(family), labels=["O", "B-X"],
+                                                              tokenizer=tiny_tokenizer(family))
+    tagger.save_pretrained(tmp_path / "tagger")
+    with pytest.raises(CheckpointError, match="ForTokenClassification checkpoint .*not a text-classification model"):
+        heads.AutoHeadForSequenceClassification.from_pretrained(tmp_path / "tagger")
+    tagger.model.base_model.save_pretrained(tmp_path / "encoder")  # its encoder alone is a base checkpoint
+    head = heads.AutoHeadForSequenceClassification.from_pretrained(tmp_path / "encoder", num_labels=2,
+                                                                   tokenizer=tiny_tokenizer(family))
+    assert head.num_labels == 2

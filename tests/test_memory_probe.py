@@ -6,7 +6,6 @@ a rank more than its cap, and the run trains exactly like one given those caps a
 from __future__ import annotations
 
 import math
-import os
 import random
 import re
 

@@ -40,3 +40,16 @@ def test_readme_names_the_commands_that_exist():
     assert "bash scripts/test.sh" in ci  # CI runs exactly the README's test command
     for path in re.findall(r"`(examples/[\w./-]+)`", README):
         assert (ROOT / path).exists(), path
+
+
+@pytest.mark.timeout(300)
+def test_task_heads_block_runs_as_written(tmp_path):
+    """The README's token classification / QA / masked-LM block runs as written on the packaged MiniLM."""
+    block = next(b for b in _python_blocks() if "AutoHeadForMaskedLM.from_pretrained(" in b)
+    script = tmp_path / "task_heads.py"
+    script.write_text(block + "\nprint('answer', qa.answer(q, c)['answer'] in c)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "answer True" in proc.stdout
