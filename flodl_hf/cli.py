@@ -389,8 +389,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     from .ownership import check_disjoint, check_output_dir, writable_parent
     from .preflight import check_model_dir
+    from .tasks.commands import refuse_task_model
 
     check_model_dir(args.model, tokenizer=args.tokenizer is None)
+    refuse_task_model(args.model, "export")
     if args.tokenizer is not None:
         check_model_dir(args.tokenizer, "--tokenizer", tokenizer=False)
     writable_parent(args.output, "--output")
@@ -412,7 +414,10 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from .preflight import check_model_dir
 
+    from .tasks.commands import refuse_task_model
+
     check_model_dir(args.model, "DIR", tokenizer=False)  # a missing tokenizer is a verify finding, not bad input
+    refuse_task_model(args.model, "verify")
     return _verify(args.model, args.json)
 
 

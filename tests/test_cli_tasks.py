@@ -88,6 +88,14 @@ def test_eval_and_predict_refuse_a_task_that_does_not_match_the_checkpoint(token
     assert code == 2 and "--task text-classification does not match the checkpoint's head" in one_error_line(err)
 
 
+def test_export_and_verify_refuse_another_task_s_model_in_one_line(token_model, tmp_path, capsys):
+    for argv in (["export", "--model", token_model, "--output", tmp_path / "exported"], ["verify", token_model]):
+        code, _, err = run_cli(argv, capsys)
+        line = one_error_line(err)
+        assert code == 2 and "holds a token-classification model (BertForTokenClassification)" in line
+    assert not (tmp_path / "exported").exists()
+
+
 def test_predict_refuses_options_of_other_tasks(token_model, tmp_path, capsys):
     code, _, err = run_cli(["predict", "--model", token_model, "--question", "yes", "good"], capsys)
     assert code == 2 and "--question is not supported with --task token-classification" in one_error_line(err)

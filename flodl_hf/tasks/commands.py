@@ -21,7 +21,8 @@ from .names import QUESTION_ANSWERING, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION
     task_of_model_dir
 from .options import UNSUPPORTED_EVAL, UNSUPPORTED_PREDICT, refuse_unsupported
 
-__all__ = ["run_task_train", "command_task", "route", "cmd_eval", "cmd_predict", "load_task_head"]
+__all__ = ["run_task_train", "command_task", "route", "cmd_eval", "cmd_predict", "load_task_head",
+           "refuse_task_model"]
 
 
 def run_task_train(args: argparse.Namespace, head_class: Callable[[str], Any]) -> dict:
@@ -57,6 +58,20 @@ def route(args: argparse.Namespace, command: str) -> str:
             refuse_unsupported(args, TEXT_CLASSIFICATION, UNSUPPORTED_PREDICT, command)
         return TEXT_CLASSIFICATION
     return command_task(args, command)
+
+
+def refuse_task_model(path: Any, command: str) -> None:
+    """``export`` and ``verify`` compare against the text-classification head: refuse another task's model in one
+    line rather than report it as broken."""
+    try:
+        found, architectures = task_of_model_dir(path)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return  # the command's own checks report a missing or broken directory
+    if found not in (None, TEXT_CLASSIFICATION):
+        raise ValueError(f"`flodl-hf {command}` checks text-classification models, and {path} holds a {found} model "
+                         f"({', '.join(architectures)}): {command} of {found} models is not supported yet; the "
+                         "directory flodl-hf train wrote is already what save_pretrained writes (load it with "
+                         f"transformers' pipeline(\"{found}\", model=...))")
 
 
 def load_task_head(path: str, head_cls: Any) -> Any:
