@@ -17,7 +17,9 @@ curve, the model card). One concept per module; importing the package imports no
 * ``options``: which ``train`` options each task takes, and the one-line refusal of the others.
 * ``scoring``: scoring a head of each task on held-out data (``train``'s final evaluation and ``eval``).
 * ``job``: the training job of a task.
-* ``commands``: ``eval`` and ``predict`` of a task model directory.
+* ``report``: its metrics.json and output directory (model files, card, loss curve), written atomically.
+* ``commands``: what the CLI calls: ``train --task``, ``eval`` and ``predict`` of a task model directory, and the
+  refusal of another task's model by ``export`` / ``verify``.
 """
 
 __all__: list = []
