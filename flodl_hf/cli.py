@@ -4,7 +4,8 @@
 It exists as the composition root that joins the engine (``flodl_hf``) and the task heads (``heads``): the only
 module of ``flodl_hf`` allowed to import ``heads``. Each subcommand parses its arguments into the engine's own
 types (``TrainSettings``, loaders, ``verify_model_dir``) and does nothing else; ``bench`` hands its arguments to
-``flodl_hf.bench.main``.
+``flodl_hf.bench.main``. ``train --task`` and ``eval`` / ``predict`` of a token-classification, QA or fill-mask
+model go to ``flodl_hf.tasks`` (which never imports ``heads``: the head classes are passed from here).
 
 Exit codes: 0 done; 2 for an error a user can cause (bad flags, missing files, bad data, a checkpoint that does not
 fit), reported as one line on stderr, ``flodl-hf: error: ...``, never a traceback; 1 when training diverged (NaN
