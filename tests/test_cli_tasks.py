@@ -65,6 +65,7 @@ def one_error_line(err: str) -> str:
     ("token-classification", ["--labels", "O,B-X"], "--labels describes --data"),  # the packaged corpus
     ("fill-mask", ["--split", "test"], "--split describes --data"),
     ("question-answering", ["--eval-split", "validation"], "--eval-split describes --data"),
+    ("question-answering", ["--max-micro-batch", "auto"], "--max-micro-batch auto"),
 ])
 def test_train_refuses_options_a_task_does_not_support(tmp_path, capsys, task, extra, flag):
     code, _, err = run_cli(["train", "--task", task, *extra, "--output-dir", tmp_path / "out"], capsys)

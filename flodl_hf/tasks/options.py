@@ -109,6 +109,10 @@ def task_settings(args: argparse.Namespace) -> TaskSettings:
 
     task = args.task
     refuse_unsupported(args, task, UNSUPPORTED_TRAIN, "train")
+    if task == QUESTION_ANSWERING and getattr(args, "max_micro_batch", None) == "auto":
+        raise ValueError("--max-micro-batch auto is not supported with --task question-answering (train): the memory "
+                         "probe cannot read a QA model's start/end logits; give the cap as an integer, e.g. "
+                         "--max-micro-batch 16")
     metric = check_task_metric(args.metric_for_best, task)
     shared = argparse.Namespace(**vars(args))
     shared.metric_for_best = None
