@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from task_cli_helpers import head_checkpoint, qa_rows, texts, token_rows, write_conll, write_jsonl, write_squad
+from tiny_models import FAMILIES, tiny_config
 
 from flodl_hf import cli
 
@@ -275,3 +276,28 @@ def test_interrupted_task_run_resumes_exactly_with_periodic_evaluation(tiny_chec
     assert [r["step"] for r in metrics["resumed"]] == [4] and not checkpoint_dir.exists()
     assert cli.main([*argv, "--task", "fill-mask", "--output-dir", str(tmp_path / "x"), "--resume",
                      str(full)]) == 2  # not a checkpoint: refused in one line
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("task, data, suffix", [
+    ("token-classification", "tokens.jsonl", "ForTokenClassification"),
+    ("question-answering", "squad.json", "ForQuestionAnswering"),
+    ("fill-mask", "texts.txt", "ForMaskedLM"),
+])
+def test_every_family_trains_every_task_and_the_output_loads_in_transformers(tiny_checkpoint, work, tmp_path, capsys,
+                                                                             family, task, data, suffix):
+    import transformers
+
+    out = tmp_path / "out"
+    code, _, err = run_cli(["train", "--task", task, "--model", tiny_checkpoint(family), "--data", work / data,
+                            "--train-rows", "32", "--eval-rows", "16", "--batch-size", "16", "--max-length", "48",
+                            "--lr", "2e-3", "--no-progress", "--output-dir", out], capsys)
+    assert code == 0, err
+    architecture = type(tiny_config(family)).__name__.removesuffix("Config") + suffix
+    metrics = check_output_dir(out, task, architecture)
+    assert metrics["steps"] == 2 and metrics["train_size"] == 32 and metrics["eval_size"] == 16
+    auto = {"ForTokenClassification": transformers.AutoModelForTokenClassification,
+            "ForQuestionAnswering": transformers.AutoModelForQuestionAnswering,
+            "ForMaskedLM": transformers.AutoModelForMaskedLM}[suffix]
+    model, info = auto.from_pretrained(out, output_loading_info=True)
+    assert type(model).__name__ == architecture and not info["missing_keys"] and not info["unexpected_keys"]
