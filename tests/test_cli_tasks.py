@@ -301,3 +301,21 @@ def test_every_family_trains_every_task_and_the_output_loads_in_transformers(tin
             "ForMaskedLM": transformers.AutoModelForMaskedLM}[suffix]
     model, info = auto.from_pretrained(out, output_loading_info=True)
     assert type(model).__name__ == architecture and not info["missing_keys"] and not info["unexpected_keys"]
+
+
+def test_task_card_metadata_and_its_bad_input(tmp_path):
+    from huggingface_hub import ModelCard
+
+    from flodl_hf.cards import write_task_card
+
+    common = dict(model_name="m", dataset_name="d", dataset_description="`d.jsonl`", training={"epochs": 1})
+    path = write_task_card(tmp_path, task="token-classification", scores={"f1": 0.5, "accuracy": 0.9},
+                           labels=["O", "B-X"], baselines={"all O tags": {"f1": 0.0}}, model_type="bert", **common)
+    card = ModelCard.load(path)
+    assert card.data.pipeline_tag == "token-classification" and card.data.metrics == ["f1", "accuracy"]
+    assert {r.metric_type: r.metric_value for r in card.data.eval_results} == {"f1": 0.5, "accuracy": 0.9}
+    assert "Tags (2): O, B-X." in card.text and "Baseline, all O tags: f1 0.0000." in card.text
+    with pytest.raises(ValueError, match="task 'text-classification' has no task card"):
+        write_task_card(tmp_path, task="text-classification", scores={"accuracy": 1.0}, **common)
+    with pytest.raises(ValueError, match="scores is empty"):
+        write_task_card(tmp_path, task="fill-mask", scores={}, **common)
