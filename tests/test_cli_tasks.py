@@ -319,3 +319,19 @@ def test_task_card_metadata_and_its_bad_input(tmp_path):
         write_task_card(tmp_path, task="text-classification", scores={"accuracy": 1.0}, **common)
     with pytest.raises(ValueError, match="scores is empty"):
         write_task_card(tmp_path, task="fill-mask", scores={}, **common)
+
+
+def test_tags_that_are_not_iob2_train_and_report_word_accuracy(tiny_checkpoint, tmp_path, capsys):
+    rows = [{"words": r["words"], "tags": ["ADJ" if t != "O" else "W" for t in r["tags"]]} for r in token_rows(64)]
+    data = write_jsonl(tmp_path / "pos.jsonl", rows)
+    argv = ["train", "--task", "token-classification", "--model", tiny_checkpoint("bert"), "--data", data,
+            "--batch-size", "16", "--eval-rows", "16", "--max-length", "16", "--no-progress"]
+    code, stdout, err = run_cli([*argv, "--output-dir", tmp_path / "out"], capsys)
+    assert code == 0, err
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert "f1" not in metrics and 0.0 <= metrics["accuracy"] <= 1.0 and "word_accuracy=" in stdout
+    code, _, err = run_cli([*argv, "--eval-every", "1", "--output-dir", tmp_path / "out2"], capsys)
+    assert code == 2 and "are not IOB2" in one_error_line(err) and "--metric-for-best accuracy" in err
+    code, _, err = run_cli([*argv, "--eval-every", "1", "--metric-for-best", "accuracy", "--output-dir",
+                            tmp_path / "out3"], capsys)
+    assert code == 0, err

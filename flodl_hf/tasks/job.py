@@ -170,9 +170,11 @@ def _run(ts: TaskSettings, head_cls: Any, sources: _Sources, checkpoint_dir: Pat
     if task == TOKEN_CLASSIFICATION:
         from .entity_metrics import is_iob_tagset
 
-        if ts.metric in ("f1", "precision", "recall") and not is_iob_tagset(train_rows.labels):
+        iob = is_iob_tagset(train_rows.labels)
+        if settings.eval_every and ts.metric in ("f1", "precision", "recall") and not iob:
             raise ValueError(f"the tags {','.join(train_rows.labels)} are not IOB2 (O, B-TYPE, I-TYPE), so entity "
-                             f"{ts.metric} is undefined: pass --metric-for-best accuracy, or give IOB2 tags")
+                             f"{ts.metric} is undefined and cannot pick the best weights (--eval-every): pass "
+                             "--metric-for-best accuracy, or give IOB2 tags")
     ranks = len(settings.devices) if settings.devices else 1
     if len(train_rows) < ranks * settings.batch_size:
         raise ValueError(f"{len(train_rows)} training rows are fewer than one global batch of "
