@@ -379,8 +379,17 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _verify(path: str, as_json: bool = False) -> int:
     from .export import verify_model_dir
+    from .tasks.commands import verified_task
 
-    report = verify_model_dir(path, head_loader=_load_head)
+    task = verified_task(path)
+    if task == "text-classification":
+        report = verify_model_dir(path, head_loader=_load_head)
+    else:
+        from .tasks.commands import load_task_head
+        from .tasks.verify import verify_task_dir
+
+        head_cls = _task_head_class(task)
+        report = verify_task_dir(path, task, head_loader=lambda p: load_task_head(p, head_cls))
     print(json.dumps(report.to_dict(), indent=2) if as_json else report.summary())
     return 0 if report.ok else 1
 
@@ -390,17 +399,19 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     from .ownership import check_disjoint, check_output_dir, writable_parent
     from .preflight import check_model_dir
-    from .tasks.commands import refuse_task_model
+    from .tasks.commands import verified_task
+    from .tasks.verify import auto_model_class
 
     check_model_dir(args.model, tokenizer=args.tokenizer is None)
-    refuse_task_model(args.model, "export")
+    task = verified_task(args.model)
     if args.tokenizer is not None:
         check_model_dir(args.tokenizer, "--tokenizer", tokenizer=False)
     writable_parent(args.output, "--output")
     check_output_dir(args.output, args.overwrite, "--output")
     check_disjoint([("--output", args.output)], [("--model", args.model)]
                    + ([("--tokenizer", args.tokenizer)] if args.tokenizer else []))
-    out = export_model_dir(args.model, args.output, overwrite=args.overwrite, tokenizer=args.tokenizer)
+    out = export_model_dir(args.model, args.output, overwrite=args.overwrite, tokenizer=args.tokenizer,
+                           model_class=None if task == "text-classification" else auto_model_class(task))
     print(f"flodl-hf: exported {args.model} to {out}")
     return _verify(str(out))
 
@@ -415,10 +426,10 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from .preflight import check_model_dir
 
-    from .tasks.commands import refuse_task_model
+    from .tasks.commands import verified_task
 
     check_model_dir(args.model, "DIR", tokenizer=False)  # a missing tokenizer is a verify finding, not bad input
-    refuse_task_model(args.model, "verify")
+    verified_task(args.model)
     return _verify(args.model, args.json)
 
 

@@ -299,7 +299,8 @@ def _same_tokens(head_enc: dict, enc: Any) -> Optional[bool]:
 # --- export ---------------------------------------------------------------------------------------------------
 
 def export_model_dir(source: Union[str, Path], output: Union[str, Path], *, overwrite: bool = False,
-                     tokenizer: Optional[Union[str, Path]] = None, max_length: Optional[int] = None) -> Path:
+                     tokenizer: Optional[Union[str, Path]] = None, max_length: Optional[int] = None,
+                     model_class: Any = None) -> Path:
     """Re-save ``source`` HF-canonically into ``output``: load it with transformers and ``save_pretrained`` the
     model (safetensors) and tokenizer; the card, metrics and loss curve are copied along. Written atomically.
 
@@ -308,8 +309,12 @@ def export_model_dir(source: Union[str, Path], output: Union[str, Path], *, over
     like ``flodl-hf predict``. A copied card's metadata is brought to the Hub conventions of ``flodl_hf.cards``.
 
     A ``source`` without tokenizer files is refused unless ``tokenizer`` names a directory to take it from (an
-    export with an empty tokenizer would load and give meaningless predictions)."""
+    export with an empty tokenizer would load and give meaningless predictions). ``model_class``: the transformers
+    Auto class to load and re-save with (None: ``AutoModelForSequenceClassification``; the CLI passes another
+    task's, see ``flodl_hf.tasks.verify.auto_model_class``)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model_class = AutoModelForSequenceClassification if model_class is None else model_class
 
     from .preflight import check_model_dir
 
@@ -318,7 +323,7 @@ def export_model_dir(source: Union[str, Path], output: Union[str, Path], *, over
     if Path(output).resolve() == source.resolve():
         raise ValueError(f"--output {output} is the model directory itself: choose a new directory")
     with quiet_transformers():
-        model, info = AutoModelForSequenceClassification.from_pretrained(str(source), output_loading_info=True)
+        model, info = model_class.from_pretrained(str(source), output_loading_info=True)
     missing = sorted(info.get("missing_keys", []))
     if missing:
         raise ValueError(f"{source} lacks weights for {len(missing)} key(s) ({_listing(missing)}): an export would "

@@ -22,7 +22,7 @@ from .names import QUESTION_ANSWERING, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION
 from .options import UNSUPPORTED_EVAL, UNSUPPORTED_PREDICT, refuse_unsupported
 
 __all__ = ["run_task_train", "command_task", "route", "cmd_eval", "cmd_predict", "load_task_head",
-           "refuse_task_model"]
+           "verified_task"]
 
 
 def run_task_train(args: argparse.Namespace, head_class: Callable[[str], Any]) -> dict:
@@ -60,18 +60,22 @@ def route(args: argparse.Namespace, command: str) -> str:
     return command_task(args, command)
 
 
-def refuse_task_model(path: Any, command: str) -> None:
-    """``export`` and ``verify`` compare against the text-classification head: refuse another task's model in one
-    line rather than report it as broken."""
+def verified_task(path: Any) -> str:
+    """The task ``export`` and ``verify`` check ``path`` as, from its ``config.json`` ``architectures``
+    (text-classification when none is named, or when the directory cannot be read: the classifier path reports
+    that). Architectures that name two different tasks are refused in one line."""
+    from .names import ARCHITECTURE_SUFFIXES
+
     try:
         found, architectures = task_of_model_dir(path)
     except (OSError, ValueError, AttributeError, TypeError):
-        return  # the command's own checks report a missing or broken directory
-    if found not in (None, TEXT_CLASSIFICATION):
-        raise ValueError(f"`flodl-hf {command}` checks text-classification models, and {path} holds a {found} model "
-                         f"({', '.join(architectures)}): {command} of {found} models is not supported yet; the "
-                         "directory flodl-hf train wrote is already what save_pretrained writes (load it with "
-                         f"transformers' pipeline(\"{found}\", model=...))")
+        return TEXT_CLASSIFICATION
+    tasks = sorted({task for name in architectures for suffix, task in ARCHITECTURE_SUFFIXES.items()
+                    if str(name).endswith(suffix)})
+    if len(tasks) > 1:
+        raise ValueError(f"{path}/config.json names heads of {len(tasks)} tasks ({', '.join(architectures)}): "
+                         "export and verify check one; keep only the architecture of the head the weights hold")
+    return found or TEXT_CLASSIFICATION
 
 
 def load_task_head(path: str, head_cls: Any) -> Any:
