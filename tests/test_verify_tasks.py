@@ -189,3 +189,19 @@ def test_a_tokenizer_that_cuts_elsewhere_than_training_fails_and_export_fixes_it
     assert main(["export", "--model", str(source), "--output", str(out)]) == 0
     assert json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))["model_max_length"] == trained
     assert verify_json(out, capsys)[0] == 0
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_a_head_with_other_weights_fails_the_logit_and_prediction_checks(task, tmp_path):
+    """The comparison can fail: a head loaded from another seed's directory differs from transformers' model."""
+    from flodl_hf.cli import _task_head_class
+    from flodl_hf.tasks.verify import verify_task_dir
+
+    out, other = save_head(task, "bert", tmp_path / "a", seed=1), save_head(task, "bert", tmp_path / "b", seed=2)
+    head_cls = _task_head_class(task)
+    report = verify_task_dir(out, task, head_loader=lambda _: head_cls.from_pretrained(str(other)))
+    assert not report.ok and report.max_abs_diff > 0.01
+    assert any("head and transformers logits differ by up to" in p and "(allowed 0)" in p for p in report.problems)
+    if task != "question-answering":
+        assert any("disagree on text" in p for p in report.problems), report.problems
+    assert verify_task_dir(out, task, head_loader=lambda p: head_cls.from_pretrained(p)).ok
