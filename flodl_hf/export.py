@@ -7,7 +7,8 @@ wants the logit comparison passes a ``head_loader`` (path -> head with ``encode`
 covers short sentences, texts of 2x and 5x the tokenizer's ``model_max_length`` and sentence pairs, because
 ``pipeline("text-classification", truncation=True)`` agrees with ``predict`` only when the saved tokenizer states
 the length the model trained with (a head's ``save_pretrained`` and :func:`export_model_dir` both write it).
-Pushing to the Hub lives in :mod:`flodl_hf.hub` (:func:`push_output_dir` is re-exported here).
+Pushing to the Hub lives in :mod:`flodl_hf.hub` (:func:`push_output_dir` is re-exported here). The other tasks'
+directories (token classification, QA, masked LM) are verified by ``flodl_hf.tasks.verify`` with this report.
 
 Output directories are built in a temporary sibling and renamed into place at the end
 (:func:`flodl_hf.ownership.staged_output_dir`), so an interrupted run never leaves a half-written directory; a

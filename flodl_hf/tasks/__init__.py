@@ -19,7 +19,9 @@ curve, the model card). One concept per module; importing the package imports no
 * ``job``: the training job of a task.
 * ``report``: its metrics.json and output directory (model files, card, loss curve), written atomically.
 * ``commands``: what the CLI calls: ``train --task``, ``eval`` and ``predict`` of a task model directory, and the
-  refusal of another task's model by ``export`` / ``verify``.
+  task ``export`` / ``verify`` check a directory as.
+* ``verify``: ``export`` / ``verify`` of a token-classification, QA or masked-LM directory (keys, tie, logits,
+  the pipeline round trip).
 """
 
 __all__: list = []
