@@ -200,9 +200,10 @@ def _same_ids(report: VerifyReport, name: str, ours: Any, theirs: Any, limit: in
         a_ids[i][a_mask[i]].tolist() == b_ids[i][b_mask[i]].tolist() for i in range(b_ids.shape[0]))
     if not same and report.tokens_match is not False:  # one line, however many input sets differ
         report.tokens_match = False
-        report.problems.append(f"{name}: the head's token ids differ from transformers' AutoTokenizer's (the head cuts at "
-                               f"max_length={limit}, the pipeline at the saved tokenizer's model_max_length: re-save it with "
-                               "the head's save_pretrained, or `flodl-hf export` with the length training used)")
+        report.problems.append(f"{name}: the head's token ids differ from transformers' AutoTokenizer's (the head "
+                               f"cuts at max_length={limit}, the pipeline at the saved tokenizer's model_max_length: "
+                               "re-save it with the head's save_pretrained, or `flodl-hf export` with the length "
+                               "training used)")
 
 
 def _round_trip(report: VerifyReport, task: str, head: Any, model: Any, path: Path, texts: list[str]) -> None:
