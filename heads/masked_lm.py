@@ -13,15 +13,13 @@ short declaration (where its LM head lives, how it is applied), and ``AutoHeadFo
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from typing import Any
 
-import torch
 
-from . import _hub, _mlm_logits
-from ._io import PathLike
+from . import _mlm_logits
+from ._auto import AutoHead
 from ._mlm_head import MaskedLMHead
 from ._mlm_load import LMLayout
-from .families import family_of
 
 __all__ = [
     "MaskedLMHead",
@@ -100,44 +98,8 @@ MASKED_LM_HEADS: dict[str, type[MaskedLMHead]] = {
 """``model_type`` -> masked-LM head class."""
 
 
-class AutoHeadForMaskedLM:
+class AutoHeadForMaskedLM(AutoHead):
     """Dispatch to the masked-LM head class of a checkpoint's or config's ``model_type``. Not instantiable."""
 
-    def __init__(self) -> None:
-        raise TypeError(
-            "AutoHeadForMaskedLM is not instantiable: use AutoHeadForMaskedLM.from_pretrained(path) or "
-            ".on_device(config, None, device)"
-        )
-
-    @staticmethod
-    def head_class(model_type: str) -> type[MaskedLMHead]:
-        """The head class for ``model_type``; ValueError listing the supported types otherwise."""
-        family_of(model_type)  # raises for an unsupported type
-        return MASKED_LM_HEADS[model_type]
-
-    @classmethod
-    def from_pretrained(cls, path_or_id: PathLike, **kwargs: Any) -> MaskedLMHead:
-        """Load with the family class named by the checkpoint's config (same keywords as the families')."""
-        from ._io import load_config
-
-        names = ("revision", "dtype", "torch_dtype", "local_files_only", "cache_dir", "token", "trust_remote_code")
-        options = _hub.load_options(**{k: kwargs[k] for k in names if k in kwargs})
-        config = load_config(path_or_id, cls.head_class, options.hub_kwargs())  # raises for an unsupported type
-        return cls.head_class(config.model_type).from_pretrained(path_or_id, **kwargs)
-
-    @classmethod
-    def from_config(cls, config: Any, num_labels: Optional[int] = None, tokenizer: Any = None,
-                    **kwargs: Any) -> MaskedLMHead:
-        """A fresh head of ``config.model_type``."""
-        return cls.head_class(getattr(config, "model_type", None)).from_config(config, num_labels, tokenizer,
-                                                                               **kwargs)
-
-    @classmethod
-    def on_device(cls, config: Any, num_labels: Optional[int], device: Union[torch.device, str]) -> MaskedLMHead:
-        """The replica factory for ``Trainer.setup_head``, for any supported family (``num_labels`` None)."""
-        return cls.head_class(getattr(config, "model_type", None)).on_device(config, num_labels, device)
-
-    @classmethod
-    def supported_model_types(cls) -> Sequence[str]:
-        return tuple(MASKED_LM_HEADS)
-
+    head_classes = MASKED_LM_HEADS
+    replica_call = ".on_device(config, None, device)"

@@ -38,8 +38,8 @@ import torch.nn.functional as F
 from . import _inputs, _run
 from . import _token_classification_inputs as _words
 from . import _token_classification_tags as _tags
-from ._hub import load_options
 from ._io import CheckpointError, HeadKeys, PathLike, load_config, load_tokenizer
+from ._auto import AutoHead
 from ._task import DEFAULT_MAX_LENGTH, TaskHead
 from .families import FAMILIES
 
@@ -321,47 +321,8 @@ HEAD_CLASSES: dict[str, type[TokenClassificationHead]] = {
 }
 """``model_type`` -> tagger class."""
 
-_OPTION_NAMES = ("revision", "dtype", "torch_dtype", "local_files_only", "cache_dir", "token", "trust_remote_code")
 
-
-class AutoHeadForTokenClassification:
+class AutoHeadForTokenClassification(AutoHead):
     """Dispatch to the tagger class of a checkpoint's or config's ``model_type``. Not instantiable."""
 
-    def __init__(self) -> None:
-        raise TypeError(
-            "AutoHeadForTokenClassification is not instantiable: use "
-            "AutoHeadForTokenClassification.from_pretrained(path) or .on_device(config, n, device)"
-        )
-
-    @staticmethod
-    def head_class(model_type: str) -> type[TokenClassificationHead]:
-        """The tagger class for ``model_type``; ValueError listing the supported types otherwise."""
-        try:
-            return HEAD_CLASSES[model_type]
-        except (KeyError, TypeError):
-            raise ValueError(
-                f"model_type {model_type!r} is not supported: supported model types are {', '.join(HEAD_CLASSES)}"
-            ) from None
-
-    @classmethod
-    def from_pretrained(cls, path_or_id: PathLike, **kwargs: Any) -> TokenClassificationHead:
-        """Load with the family class named by the checkpoint's config.json (same keywords as the families')."""
-        options = load_options(**{k: kwargs[k] for k in _OPTION_NAMES if k in kwargs})
-        config = load_config(path_or_id, cls.head_class, options.hub_kwargs())  # raises for an unsupported type
-        return cls.head_class(config.model_type).from_pretrained(path_or_id, **kwargs)
-
-    @classmethod
-    def from_config(cls, config: Any, num_labels: Optional[int] = None, tokenizer: Any = None,
-                    **kwargs: Any) -> TokenClassificationHead:
-        """A fresh tagger of ``config.model_type``."""
-        return cls.head_class(getattr(config, "model_type", None)).from_config(config, num_labels, tokenizer,
-                                                                               **kwargs)
-
-    @classmethod
-    def on_device(cls, config: Any, num_labels: int, device: Union[torch.device, str]) -> TokenClassificationHead:
-        """The replica factory for ``Trainer.setup_head``, for any supported family."""
-        return cls.head_class(getattr(config, "model_type", None)).on_device(config, num_labels, device)
-
-    @classmethod
-    def supported_model_types(cls) -> Sequence[str]:
-        return tuple(HEAD_CLASSES)
+    head_classes = HEAD_CLASSES
