@@ -41,7 +41,7 @@ CHECKPOINT_FILES = (CHECKPOINT_FILE, *slot_names(CHECKPOINT_FILE))
 #: The pickle checkpoint of earlier flodl-hf versions (refused; ``flodl-hf convert-checkpoint`` converts it).
 LEGACY_FILE = "checkpoint.pt"
 
-__all__ = ["CHECKPOINT_FILE", "CHECKPOINT_FILES", "LEGACY_FILE", "checkpoint_dir_for", "check_fresh_checkpoint_dir",
+__all__ = ["start_or_resume", "CHECKPOINT_FILE", "CHECKPOINT_FILES", "LEGACY_FILE", "checkpoint_dir_for", "check_fresh_checkpoint_dir",
            "job_plan", "read_job_state", "check_plan",
            "prepare_checkpoints", "resume", "remove_job_checkpoint", "PLAN_FLAGS", "RUNS_DIR"]
 
@@ -184,3 +184,29 @@ def remove_job_checkpoint(directory: Path, runs: bool = True) -> None:
     the directory itself if flodl-hf created it and nothing else is left. Only entries its marker records."""
     names = [*CHECKPOINT_FILES, LEGACY_FILE] + ([RUNS_DIR] if runs else [])
     ownership.remove_owned(directory, names)
+
+
+def start_or_resume(graph: Any, settings: Any, rows: int, saved: Optional[dict], plan: dict,
+                    say: Callable[[str], None]) -> tuple[int, int, Any, Any]:
+    """After the data loader is set: ``(steps per epoch, total micro-steps, the LinearSchedule or None, the
+    LoopState)``, with the schedule set on the graph, the plan's device fields filled, and ``saved`` (a checkpoint
+    read by :func:`prepare_checkpoints`) resumed. Every task's job starts this way. Raises ValueError when the rows
+    are fewer than one global batch."""
+    from .loop import LoopState
+    from .schedule import LinearSchedule
+
+    steps = graph.steps_per_epoch()
+    if steps == 0:
+        raise ValueError(f"{rows} training rows are fewer than one global batch of "
+                         f"{graph.world_size * settings.batch_size}: lower --batch-size or add rows")
+    total = steps * settings.epochs
+    schedule = None
+    if settings.warmup_ratio is not None:
+        schedule = LinearSchedule(graph.optimizer, total, float(settings.warmup_ratio))
+        graph.set_scheduler(schedule)
+    plan["world_size"] = graph.world_size
+    plan["devices"] = [str(d) for d in settings.devices] if settings.devices else [str(graph.device)]
+    state = resume(graph, settings, saved, plan, schedule, say) if saved is not None else LoopState()
+    if saved is not None:  # on another device count the remaining epochs have another number of steps
+        total = len(state.losses) + graph.steps_remaining(settings.epochs)
+    return steps, total, schedule, state

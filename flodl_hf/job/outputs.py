@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 
 __all__ = ["ScalarBoard", "require_tensorboard", "el_che_info", "el_che_scalars", "anchor_changes", "build_metrics",
            "training_table",
-           "write_outputs", "policy_name"]
+           "write_outputs", "policy_name", "run_metrics"]
 
 
 def require_tensorboard() -> None:
@@ -109,39 +109,13 @@ def _settings_dict(settings: Any) -> dict:
     return out
 
 
-def build_metrics(*, settings: Any, sources: Any, dataset: Any, train_ds: Any, eval_ds: Any, summary: dict,
-                  loop: Any, graph: Any, total_steps: int, eval_time: float) -> dict:
-    """The content of ``metrics.json`` (``wall_time_s`` is filled in by :func:`write_outputs`).
-
-    The held-out scores are the problem type's metrics (``flodl_hf.job.problems.METRICS``) at the top level, of the
-    weights written (the best periodic evaluation's, when they beat the final ones: ``written_weights``)."""
-    from .problems import METRICS
-
-    problem = settings.problem_type
-    counts = train_ds.label_counts()
-    baseline = None
-    if problem == "single_label":
-        majority = max(counts, key=lambda k: counts[k])
-        baseline = eval_ds.label_counts()[majority] / len(eval_ds)
+def run_metrics(*, settings: Any, loop: Any, graph: Any, total_steps: int, eval_time: float,
+                sources: Any) -> dict:
+    """The metrics.json fields every task's job records about the run itself: losses, evaluations, steps,
+    devices, El Che, times and the model and data sources (in file order)."""
     devices = ([str(d) for d in settings.devices] if settings.devices
                else [str(graph.device)] * int(graph.world_size))
-    scores = {name: summary[name] for name in METRICS[problem] if name in summary}
     return {
-        "generator": "flodl-hf",
-        "flodl_hf_version": _version(),
-        **scores,
-        "problem_type": problem,
-        "text_pair_column": settings.text_pair_column,
-        "final_weights": summary.get("final_weights"),
-        "majority_baseline": baseline,
-        "eval_size": len(eval_ds),
-        "eval_source": eval_ds.source,
-        "train_size": len(train_ds),
-        "dropped_empty_rows": dataset.dropped,
-        "labels": train_ds.labels,
-        "train_label_counts": counts,
-        "per_label": summary.get("per_label"),
-        "confusion_matrix": summary.get("confusion_matrix"),
         "train_loss": list(loop.losses),
         "eval_history": list(loop.evals),
         "stop_reason": loop.stop_reason,
@@ -163,6 +137,42 @@ def build_metrics(*, settings: Any, sources: Any, dataset: Any, train_ds: Any, e
         "data_path": str(sources.data_path),
         "dataset_name": sources.dataset_name,
         "dataset_hub_id": sources.hub_id,
+    }
+
+
+def build_metrics(*, settings: Any, sources: Any, dataset: Any, train_ds: Any, eval_ds: Any, summary: dict,
+                  loop: Any, graph: Any, total_steps: int, eval_time: float) -> dict:
+    """The content of ``metrics.json`` (``wall_time_s`` is filled in by :func:`write_outputs`).
+
+    The held-out scores are the problem type's metrics (``flodl_hf.job.problems.METRICS``) at the top level, of the
+    weights written (the best periodic evaluation's, when they beat the final ones: ``written_weights``)."""
+    from .problems import METRICS
+
+    problem = settings.problem_type
+    counts = train_ds.label_counts()
+    baseline = None
+    if problem == "single_label":
+        majority = max(counts, key=lambda k: counts[k])
+        baseline = eval_ds.label_counts()[majority] / len(eval_ds)
+    scores = {name: summary[name] for name in METRICS[problem] if name in summary}
+    return {
+        "generator": "flodl-hf",
+        "flodl_hf_version": _version(),
+        **scores,
+        "problem_type": problem,
+        "text_pair_column": settings.text_pair_column,
+        "final_weights": summary.get("final_weights"),
+        "majority_baseline": baseline,
+        "eval_size": len(eval_ds),
+        "eval_source": eval_ds.source,
+        "train_size": len(train_ds),
+        "dropped_empty_rows": dataset.dropped,
+        "labels": train_ds.labels,
+        "train_label_counts": counts,
+        "per_label": summary.get("per_label"),
+        "confusion_matrix": summary.get("confusion_matrix"),
+        **run_metrics(settings=settings, loop=loop, graph=graph, total_steps=total_steps, eval_time=eval_time,
+                      sources=sources),
         "settings": _settings_dict(settings),
     }
 

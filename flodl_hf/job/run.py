@@ -32,7 +32,6 @@ from typing import Any, Callable, Optional
 
 from ..data import TextDataset, load_text_classification
 from .evaluate import evaluate_head
-from .schedule import LinearSchedule
 from .settings import DEFAULT_EVAL_ROWS, TrainSettings
 
 __all__ = ["run_train"]
@@ -145,7 +144,7 @@ def _run(settings: TrainSettings, head_cls: Any, sources: "_Sources", started: f
          log: Callable[[str], None]) -> dict:
     """The job after its preflight, with its directories locked."""
     from .. import ownership
-    from .checkpoints import check_plan, job_plan, prepare_checkpoints, remove_job_checkpoint, resume
+    from .checkpoints import check_plan, job_plan, prepare_checkpoints, remove_job_checkpoint, start_or_resume
     from .outputs import require_tensorboard
     from .preflight import check_label_order
 
@@ -173,7 +172,6 @@ def _run(settings: TrainSettings, head_cls: Any, sources: "_Sources", started: f
     import torch
 
     from .. import Trainer
-    from .loop import LoopState
 
     torch.manual_seed(settings.seed)  # the classifier layer's initialisation
     head = head_cls.from_pretrained(str(sources.model_path), max_length=settings.max_length,
@@ -194,20 +192,7 @@ def _run(settings: TrainSettings, head_cls: Any, sources: "_Sources", started: f
         pairs = train_ds.text_pairs or [""] * len(train_ds.texts)
         lengths = [len(t) + len(p) for t, p in zip(train_ds.texts, pairs)]
     graph.set_data_loader(train_ds, batch_size=settings.batch_size, collate_fn=head.collate, lengths=lengths)
-    steps = graph.steps_per_epoch()
-    if steps == 0:
-        raise ValueError(f"{len(train_ds)} training rows are fewer than one global batch of "
-                         f"{graph.world_size * settings.batch_size}: lower --batch-size or add rows")
-    total = steps * settings.epochs
-    schedule = None
-    if settings.warmup_ratio is not None:
-        schedule = LinearSchedule(graph.optimizer, total, float(settings.warmup_ratio))
-        graph.set_scheduler(schedule)
-    plan["world_size"] = graph.world_size
-    plan["devices"] = [str(d) for d in settings.devices] if settings.devices else [str(graph.device)]
-    state = resume(graph, settings, saved, plan, schedule, say) if saved is not None else LoopState()
-    if saved is not None:  # on another device count the remaining epochs have another number of steps
-        total = len(state.losses) + graph.steps_remaining(settings.epochs)
+    steps, total, schedule, state = start_or_resume(graph, settings, len(train_ds), saved, plan, say)
     what = "regression (1 output)" if settings.problem_type == "regression" else \
         f"{settings.problem_type}, {num_labels} labels {train_ds.labels}"
     pairs = f" (pairs: {sources.text_column} + {settings.text_pair_column})" if settings.text_pair_column else ""

@@ -195,9 +195,7 @@ def _run(ts: TaskSettings, head_cls: Any, sources: _Sources, checkpoint_dir: Pat
     import torch
 
     from .. import Trainer
-    from ..job.checkpoints import resume
-    from ..job.loop import LoopState
-    from ..job.schedule import LinearSchedule
+    from ..job.checkpoints import start_or_resume
 
     torch.manual_seed(settings.seed)
     extra = {"labels": list(train_rows.labels)} if task == TOKEN_CLASSIFICATION else {}
@@ -210,20 +208,7 @@ def _run(ts: TaskSettings, head_cls: Any, sources: _Sources, checkpoint_dir: Pat
     main = graph.is_main
     say = log if main else (lambda _line: None)
     graph.set_data_loader(train_rows, batch_size=settings.batch_size, collate_fn=head.collate)
-    steps = graph.steps_per_epoch()
-    if steps == 0:
-        raise ValueError(f"{len(train_rows)} training rows are fewer than one global batch of "
-                         f"{graph.world_size * settings.batch_size}: lower --batch-size or add rows")
-    total = steps * settings.epochs
-    schedule = None
-    if settings.warmup_ratio is not None:
-        schedule = LinearSchedule(graph.optimizer, total, float(settings.warmup_ratio))
-        graph.set_scheduler(schedule)
-    plan["world_size"] = graph.world_size
-    plan["devices"] = [str(d) for d in settings.devices] if settings.devices else [str(graph.device)]
-    state = resume(graph, settings, saved, plan, schedule, say) if saved is not None else LoopState()
-    if saved is not None:
-        total = len(state.losses) + graph.steps_remaining(settings.epochs)
+    steps, total, schedule, state = start_or_resume(graph, settings, len(train_rows), saved, plan, say)
     labels = f", tags {train_rows.labels}" if task == TOKEN_CLASSIFICATION else ""
     say(f"flodl-hf: {task}: training on {len(train_rows)} rows ({dataset.source}), evaluating on {len(eval_rows)} "
         f"({eval_rows.source if held_out is not None else 'held out'}){labels}; {settings.epochs} epoch(s) x "

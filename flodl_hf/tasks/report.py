@@ -31,10 +31,8 @@ def build_task_metrics(*, task: str, metric: str, settings: Any, sources: Any, d
                        eval_rows: Any, summary: dict, before: dict, baselines: dict, loop: Any, graph: Any,
                        total_steps: int, eval_time: float) -> dict:
     """The content of ``metrics.json`` (``wall_time_s`` is filled in by :func:`write_task_outputs`)."""
-    from ..job.outputs import _settings_dict, _version, el_che_info, policy_name
+    from ..job.outputs import _settings_dict, _version, run_metrics
 
-    devices = ([str(d) for d in settings.devices] if settings.devices
-               else [str(graph.device)] * int(graph.world_size))
     recorded = _settings_dict(settings)
     recorded.update(task=task, metric_for_best=metric)
     return {
@@ -51,27 +49,8 @@ def build_task_metrics(*, task: str, metric: str, settings: Any, sources: Any, d
         "train_size": len(train_rows),
         "dropped_empty_rows": dataset.dropped,
         "labels": list(train_rows.labels),
-        "train_loss": list(loop.losses),
-        "eval_history": list(loop.evals),
-        "stop_reason": loop.stop_reason,
-        "best_eval": ({"metric": loop.best_metric, "value": loop.best_value, "step": loop.best_step}
-                      if loop.best_value is not None else None),
-        "resumed": list(loop.resumes),
-        "steps": total_steps,
-        "steps_run": len(loop.losses),
-        "optimizer_steps": int(graph.training_step),
-        "world_size": graph.world_size,
-        "devices": devices,
-        "policy": policy_name(graph.world_size),
-        "el_che": el_che_info(graph),
-        "train_time_s": round(loop.train_time_s, 2),
-        "eval_time_s": round(eval_time, 2),
-        "wall_time_s": None,
-        "model_path": str(sources.model_path),
-        "base_model": sources.base_model_id,
-        "data_path": str(sources.data_path),
-        "dataset_name": sources.dataset_name,
-        "dataset_hub_id": sources.hub_id,
+        **run_metrics(settings=settings, loop=loop, graph=graph, total_steps=total_steps, eval_time=eval_time,
+                      sources=sources),
         "settings": recorded,
     }
 
