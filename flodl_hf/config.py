@@ -129,8 +129,16 @@ class DdpConfig:
     verbose: bool = True
     """Print the one-line hardware diagnostic at setup (rank 0 only)."""
 
-    bucket_mb: float = 64.0
-    """Size of one gradient all-reduce bucket, in MiB of float32."""
+    bucket_mb: float = 25.0
+    """Size of one gradient all-reduce bucket, in MiB of float32 (25, as torch DDP: small enough that ``overlap``
+    can start the first buckets early in the backward pass)."""
+
+    overlap: bool = True
+    """Setup mode on N ranks: start the window-end all-reduce bucket by bucket during the last micro-batch's
+    backward pass, as torch DDP does, instead of after it. The update is identical either way. With it on, a
+    micro-batch runs one backward pass, and ``p.grad`` must not be changed between ``backward()`` and
+    ``graph.step()`` (clip with ``max_grad_norm``); both are refused with a clear error. False: reduce after the
+    backward pass."""
 
     extra: dict = field(default_factory=dict)
     """Free-form settings carried along (recorded in model cards)."""
@@ -197,7 +205,9 @@ class DdpConfig:
         if self.precision not in PRECISIONS:
             raise _bad("precision", self.precision, f"use one of {', '.join(PRECISIONS)}")
         if not float(self.bucket_mb) > 0:
-            raise _bad("bucket_mb", self.bucket_mb, "use a positive bucket size in MiB, e.g. 64")
+            raise _bad("bucket_mb", self.bucket_mb, "use a positive bucket size in MiB, e.g. 25")
+        if not isinstance(self.overlap, bool):
+            raise _bad("overlap", self.overlap, "use True (reduce during backward) or False (after it)")
 
     def el_che_kwargs(self, world: int, batch_size: int, probed: Optional[Sequence[int]] = None) -> dict:
         """The El Che settings of this config for ``world`` ranks of ``batch_size`` (checked here, where the

@@ -91,6 +91,8 @@ class Graph:
         self.rank, self.world_size = rank, world_size
         self._runtime = runtime
         self._seed = config.seed
+        if runtime is not None:
+            runtime.bind_plan(self._peek_planned)
         if config.precision == "fp16" and self.device.type == "cuda":
             if world_size > 1:
                 raise ValueError("DdpConfig.precision='fp16' with several ranks is not supported: use 'bf16' "
@@ -134,6 +136,11 @@ class Graph:
         """``loss.backward()``, scaled when fp16 loss scaling is active (use it instead of loss.backward() with
         ``precision='fp16'`` on CUDA; identical to loss.backward() otherwise)."""
         (self._scaler.scale(loss) if self._scaler is not None else loss).backward()
+
+    def _peek_planned(self) -> Optional[tuple[int, bool]]:
+        """(real samples, window end) of the plan step the loop is computing now (what ``step`` will take)."""
+        entry = self._pending[0] if self._pending else None
+        return None if entry is None else (entry[2], entry[3])
 
     def step(self) -> None:
         """Finish one micro-batch: on one device, optimizer step + zero_grad + scheduler; on N ranks, close the

@@ -153,7 +153,8 @@ def probe_graph_caps(graph: Any, dataset: Sequence[Any], batch_size: int,
     high = graph.world_size * batch_size
     own, error = 0, None
     try:
-        own = probe_micro_batch(graph.module, graph.device, dataset, collate, 1, high, graph.autocast)
+        with graph._runtime.paused_overlap():
+            own = probe_micro_batch(graph.module, graph.device, dataset, collate, 1, high, graph.autocast)
         if own == 0:
             error = ValueError(f"rank {graph.rank} ({graph.device}) cannot train even one sample of the longest "
                                "kind in its memory (max_micro_batch='auto'): use a smaller max_length or model, "

@@ -83,6 +83,8 @@ def make_case(seed: int, world: Optional[int] = None) -> dict:
         "schedule": rng.choice((None, "linear", "cosine")),
         "readahead": rng.randint(0, 3), "prefetch_thread": rng.random() < 0.3,
         "data_seed": rng.randrange(1 << 30),
+        # overlap of the all-reduce with backward; tiny buckets give every parameter its own (early) launch
+        "overlap": rng.random() < 0.75, "bucket_mb": rng.choice((0.0001, 0.0002, 25.0)),
     }
 
 
@@ -159,7 +161,7 @@ def run_case_on_rank(rank: int, world: int, case: dict) -> dict:
     cfg = DdpConfig(verbose=False, timeout_s=60, seed=case["seed"], drop_last=case["drop_last"],
                     max_grad_norm=case["clip"], anchor=case["anchor"] if world > 1 else None,
                     batch_sizes=None if case["adaptive"] or world == 1 else case["sizes"],
-                    freeze_plan=not case["adaptive"])
+                    freeze_plan=not case["adaptive"], overlap=case["overlap"], bucket_mb=case["bucket_mb"])
     Trainer.setup_with(graph, lambda dev: TokenNet(), lambda ps: make_optimizer(case, ps), cfg)
     graph.set_data_loader(make_data(case), batch_size=case["batch"], collate_fn=collate)
     total = graph.total_steps(case["epochs"])
@@ -211,9 +213,11 @@ def run_case_on_rank(rank: int, world: int, case: dict) -> dict:
             graph.step()
             micro.append((index, real, graph.training_step != before))
             step += 1
+    overlap = getattr(graph._runtime, "overlap", None)
+    early = overlap.launched_early if overlap is not None else 0  # whitebox: buckets started during backward
     graph.close()
     params = {name: p.detach().clone() for name, p in graph.module.named_parameters()}
-    return {"micro": micro, "lrs": lrs, "params": params}
+    return {"micro": micro, "lrs": lrs, "params": params, "early": early}
 
 
 def run_cases_on_rank(rank: int, world: int, cases: list[dict]) -> list[dict]:
@@ -320,5 +324,5 @@ def check_case(case: dict, results: list[dict]) -> None:
 
 def _describe(case: dict) -> str:
     keys = ("world", "batch", "n", "epochs", "drop_last", "anchor", "adaptive", "loss", "mask", "optimizer", "clip",
-            "schedule", "readahead", "prefetch_thread", "frozen_at_setup")
+            "schedule", "readahead", "prefetch_thread", "frozen_at_setup", "overlap", "bucket_mb")
     return ", ".join(f"{k}={case[k]}" for k in keys) + f", events={case['events']}"

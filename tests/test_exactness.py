@@ -37,6 +37,11 @@ def test_random_loops_match_the_one_process_reference(world):
         except AssertionError as exc:
             failures.append(str(exc).splitlines()[0][:600])
     assert not failures, f"{len(failures)} of {len(cases)} cases differ from the reference:\n" + "\n".join(failures)
+    if world > 1:  # the overlap really ran: small-bucket cases started buckets during backward, the others never
+        early = [sum(per_rank[r][i]["early"] for r in range(world)) for i in range(len(cases))]
+        small = [e for c, e in zip(cases, early) if c["overlap"] and c["bucket_mb"] < 1]
+        assert small and sum(small) > 0, f"no bucket was launched during backward in {len(small)} overlap cases"
+        assert all(e == 0 for c, e in zip(cases, early) if not c["overlap"])
 
 
 def test_the_cases_cover_what_the_contract_names():
@@ -53,3 +58,4 @@ def test_the_cases_cover_what_the_contract_names():
     assert {e[2] for c in cases for e in c["events"] if e[1] == "anchor"} == set(range(1, 9))
     assert any(c["frozen_at_setup"] for c in cases) and any(c["adaptive"] for c in cases)
     assert any(c["prefetch_thread"] and c["readahead"] for c in cases)
+    assert seen("overlap") == {"True", "False"} and seen("bucket_mb") == {"0.0001", "0.0002", "25.0"}

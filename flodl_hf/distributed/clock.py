@@ -44,6 +44,10 @@ class ComputeClock:
             event.record(torch.cuda.current_stream(self.device))
             self._start_event = event
 
+    def elapsed(self) -> float:
+        """Host seconds since the start mark, without stopping (the simulated-speed path's mid-backward look)."""
+        return time.perf_counter() - self._start_host
+
     def stop(self) -> Optional[float]:
         """The micro-batch ended (its work is queued). Seconds since the start mark now, with the host
         clock; None with events (their time is added by :meth:`pending_seconds` at the window end)."""

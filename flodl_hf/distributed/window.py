@@ -25,12 +25,17 @@ Gradient noise, at no extra collective: each rank writes ``|G_r|^2`` (its weight
 ``D_r``, squared) beside ``D_r``; after the reduction ``|G_big|^2`` of the reduced gradient completes what
 ``flodl_hf.noise_scale`` needs (a ``reduction="sum"`` loss has no item count, so it gives no estimate). The norms
 are read, never written: the update is unchanged.
+Overlap (``DdpConfig.overlap``, on by default): the buckets go on the wire in one fixed order, last bucket first,
+with the metadata collective last; during a window's last micro-batch, hooks start each bucket as soon as backward
+has made its gradients ready (``flodl_hf.distributed.window_overlap``), and ``graph.step()`` starts the rest. A
+finished or failed rank continues the same order from where its window stopped, so shapes always match.
 Design note: El Che is given the previous window's synchronisation time (the minimum over ranks, i.e. without
 straggler waiting), since this window's is only known after the collective that carries the figures.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -46,6 +51,7 @@ from .clock import ComputeClock
 from .collectives import broadcast_tensors
 from .context import DistContext, DistributedError, missing_ranks, side_group
 from .window_grads import WindowGrads
+from .window_overlap import Arming, OverlapHooks
 
 __all__ = ["WindowRuntime", "close_all", "mark_failed"]
 
@@ -118,9 +124,21 @@ class WindowRuntime:
         self._user_flags = 0
         self.agreed_flags = 0
         self._items: Optional[tuple[float, str]] = None
+        self._peek: Optional[Callable[[], Optional[tuple[int, bool]]]] = None  # the plan step being computed
+        self._presleep = (0.0, 0.0)  # simulated speed: (host seconds, sleep) already stretched mid-backward
+        self.overlap: Optional[OverlapHooks] = OverlapHooks(self.grads, self._arm) if config.overlap else None
         self._reset_window()
         _OPEN.append(self)
         _install_excepthook()
+
+    def bind_plan(self, peek: Callable[[], Optional[tuple[int, bool]]]) -> None:
+        """Give the runtime a look at the plan step being computed: (real samples, window end), or None for a
+        batch not drawn from the plan. The overlap hooks use it to know, mid-backward, that a window ends."""
+        self._peek = peek
+
+    def paused_overlap(self) -> Any:
+        """A context in which backward passes are not training micro-batches (the memory probe)."""
+        return self.overlap.paused() if self.overlap is not None else contextlib.nullcontext()
 
     def _agreed_layout(self) -> list[bool]:
         """Parameters trainable on some rank at setup (one-off all-reduce, so every rank builds the same buckets)."""
@@ -219,7 +237,7 @@ class WindowRuntime:
         return self._micro_batches
 
     # --- per micro-batch ----------------------------------------------------------------------------------
-    def _reset_window(self) -> None:
+    def _reset_window(self, keep_launches: bool = False) -> None:
         self._micro_batches = 0
         self._samples = 0
         self._denominator = 0.0
@@ -227,13 +245,40 @@ class WindowRuntime:
         self._compute_s = 0.0
         self._grad_sq = 0.0  # this rank's |G_r|^2, written at the window end
         self._window_anchor: Optional[int] = None
-        self.grads.reset()
+        self.grads.reset(keep_launches)
+        if self.overlap is not None:
+            self.overlap.reset()
 
     def set_loss_items(self, items: float, reduction: str) -> None:
         self._items = (float(items), reduction)
 
     def set_user_flags(self, bits: int) -> None:
         self._user_flags |= int(bits)
+
+    @staticmethod
+    def _weight(items: Optional[tuple[float, str]], samples: Optional[int]) -> tuple[float, bool]:
+        """(weight of a micro-batch's gradient, whether it counts at all): see ``window_grads``."""
+        if samples == 0:  # a padding micro-batch (drop_last=False): it carries no weight at all
+            return 0.0, False
+        if items is not None:
+            return (1.0 if items[1] == "sum" else items[0]), True
+        return (float(samples) if samples is not None else 1.0), True
+
+    def _arm(self) -> Arming:
+        """Called by the overlap hooks at a micro-batch's first gradient: its weight when it closes the window."""
+        if self._closed:
+            return None
+        planned = self._peek() if self._peek is not None else None
+        anchor = self._window_anchor if self._window_anchor is not None else self._anchor()
+        if self._micro_batches + 1 < anchor and not (planned is not None and planned[1]):
+            return None
+        weight, counts = self._weight(self._items, planned[0] if planned is not None else None)
+        if self.speed < 1.0 and not self.clock.events:  # SIMULATION: the slower device reaches here later too
+            pre = self.clock.elapsed()
+            extra = pre * (1.0 / self.speed - 1.0)
+            time.sleep(extra)
+            self._presleep = (pre, extra)
+        return weight, counts, self._items is not None
 
     def micro_batch_done(self, graph: Any, planned: Optional[tuple[int, bool]]) -> bool:
         """Account for one finished micro-batch; close the window when full. True when an optimizer step ran.
@@ -245,8 +290,11 @@ class WindowRuntime:
         elapsed = self.clock.stop()  # None with CUDA events: added at the window end
         if elapsed is not None:
             if self.speed < 1.0:  # SIMULATION: wait as a slower device would
-                time.sleep(elapsed * (1.0 / self.speed - 1.0))
-                elapsed /= self.speed
+                pre, slept = self._presleep  # the part before the first gradient, stretched by the hooks
+                self._presleep = (0.0, 0.0)
+                rest = max(0.0, elapsed - pre - slept)
+                time.sleep(rest * (1.0 / self.speed - 1.0))
+                elapsed = (pre + rest) / self.speed
             self._compute_s += max(0.0, elapsed)
         if self._window_anchor is None:
             self._window_anchor = self._anchor()
@@ -259,23 +307,28 @@ class WindowRuntime:
         elif self._reduction != reduction:
             raise ValueError(f"graph.loss_items(reduction={reduction!r}) after reduction={self._reduction!r} in the "
                              "same El Che window: use one loss reduction for the whole run")
-        if samples == 0:  # a padding micro-batch (drop_last=False): it carries no weight at all
-            self.grads.accumulate(0.0, counts=False)
-        else:
-            if reduction == "sum":
-                weight = 1.0
-            elif items is not None:
-                weight = items[0]
-            else:
-                weight = float(samples) if samples is not None else 1.0
+        weight, counts = self._weight(items, samples)
+        skip = frozenset()
+        armed = self.overlap is not None and bool(self.overlap.armed)
+        if armed:
+            skip = self.overlap.settle(items, weight)
+        if counts:
             self._denominator += weight
-            self.grads.accumulate(weight)
+        self.grads.accumulate(weight, counts=counts, skip=skip)
         self._samples += samples if samples is not None else 1
         force = planned[1] if planned is not None else False
         if self._micro_batches < self._window_anchor and not force:
+            if armed:
+                raise DistributedError("internal error: the overlap hooks armed a micro-batch that does not close "
+                                       "its El Che window; set DdpConfig(overlap=False) and report this")
+            if self.overlap is not None:
+                self.overlap.reset()
+                self.overlap.install()
             self.clock.mark()
             return False
         self._close_window(graph)
+        if self.overlap is not None:
+            self.overlap.install()
         self.clock.mark()
         return True
 
@@ -301,6 +354,11 @@ class WindowRuntime:
                                 f"{self.window_index} ({who}): {exc}")
 
     def _exchange(self, flag: float) -> tuple[torch.Tensor, list[float], list[float]]:
+        """The rest of the launch order (buckets not started yet), then the metadata collective (blocking)."""
+        try:
+            self.grads.launch_rest()
+        except Exception as exc:
+            raise self._lost("starting the gradient all-reduce", exc) from exc
         self.grads.write_meta(self._fixed_meta(flag))
         try:
             dist.all_reduce(self.grads.first_collective(), op=dist.ReduceOp.SUM, group=self.side)
@@ -356,12 +414,16 @@ class WindowRuntime:
             self._compute_s += self.clock.pending_seconds()
             t0 = time.perf_counter()
             noise = self.el_che is not None and self.el_che.enabled and self._reduction != "sum"
+            try:
+                self.grads.launch_rest()
+            except Exception as exc:
+                raise self._lost("starting the gradient all-reduce", exc) from exc
             if noise and self._denominator > 0:
-                self._grad_sq = self.grads.sq_norm(self.grads.side) / (self._denominator * self._denominator)
+                self._grad_sq = self.grads.local_sq_norm() / (self._denominator * self._denominator)
             m, presence, trainable = self._exchange(_STEP)
             self._check(m, _STEP)
             try:
-                self.grads.all_reduce_rest()
+                self.grads.wait_launched()
                 extra = [i for i in range(self.grads.n) if presence[i] > 0.5 and i not in self.grads.where]
                 side = self.grads.reduce_side(extra) if extra else {}
                 if self._reduction == "sum":
@@ -437,13 +499,16 @@ class WindowRuntime:
         self._closed = True
         if self in _OPEN:
             _OPEN.remove(self)
-        self._reset_window()
+        if self.overlap is not None:
+            self.overlap.remove()
+        self._reset_window(keep_launches=True)  # the peers expect the launch order to go on from here
         try:
             m, _, _ = self._exchange(flag)
         except DistributedError:
             if flag == _FAILED:
                 return  # the peers already know; nothing to add
             raise
+        self.grads.wait_launched(quiet=True)
         if flag == _FAILED:
             return
         self._check(m, flag)

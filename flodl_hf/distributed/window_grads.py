@@ -19,6 +19,12 @@ micro-batches, whatever the user's loop does:
 
 The presence and ``requires_grad`` flags travel in the window's metadata region (see ``flodl_hf.distributed.window``),
 so tracking the trainable set costs no collective of its own.
+
+**One launch order.** The gradient buckets are always all-reduced in one fixed order, the last bucket first (the
+order in which backward makes them ready), and the collective that carries the metadata comes last. A window end,
+a finished loop and a failed rank all run the whole sequence from where this window's launches stopped, so the
+ranks' collectives always match in number and shape; the overlap hooks (``window_overlap``) launch some buckets
+early, during the last micro-batch's backward, and the window end launches the rest.
 """
 
 from __future__ import annotations
@@ -60,6 +66,14 @@ class WindowGrads:
         # param index -> (bucket, start, numel)
         self.where = {i: (b, start, self.params[i].numel()) for i, (b, start) in zip(chosen, where)}
         self.buffers = [torch.zeros(max(1, s), dtype=torch.float32, device=self.device) for s in sizes]
+        self.members: list[list[int]] = [[] for _ in sizes]  # bucket -> its parameter indices
+        for i, (b, _, _) in self.where.items():
+            self.members[b].append(i)
+        # launch order: last bucket first; on CPU ranks bucket 0 carries the metadata and goes with the exchange
+        self.order = [b for b in reversed(range(len(sizes))) if not (b == 0 and self.meta_in_first_bucket)]
+        self._launched = 0
+        self._works: list = []
+        self._local_sq = torch.zeros((), dtype=torch.float64, device=self.device)
 
     # --- metadata ---------------------------------------------------------------------------------------------
     @property
@@ -86,57 +100,105 @@ class WindowGrads:
         return fixed, presence, trainable
 
     # --- per micro-batch --------------------------------------------------------------------------------------
-    def reset(self) -> None:
+    def reset(self, keep_launches: bool = False) -> None:
+        """Empty the window. ``keep_launches`` (closing mid-window): the buckets this window already launched stay
+        counted, so the closing exchange continues the launch order where it stopped, as the other ranks expect."""
+        self.wait_launched(quiet=keep_launches)
         for buf in self.buffers:
             buf.zero_()
         self.presence = [False] * self.n
         self.side.clear()
+        if not keep_launches:
+            self._launched = 0
+        self._local_sq.zero_()
 
-    def accumulate(self, weight: float, counts: bool = True) -> None:
+    def accumulate(self, weight: float, counts: bool = True, skip: frozenset = frozenset()) -> None:
         """Add ``weight * p.grad`` of every parameter that has a gradient, then clear ``p.grad``.
 
-        ``counts=False`` (a padding micro-batch) drops the gradients without marking them present.
+        ``counts=False`` (a padding micro-batch) drops the gradients without marking them present. ``skip``:
+        parameters whose gradient the overlap hooks already added (their ``p.grad`` is only cleared).
         """
         for i, p in enumerate(self.params):
             grad = p.grad
             if grad is None:
                 continue
             p.grad = None
-            if not counts:
+            if not counts or i in skip:
                 continue
-            self.presence[i] = True
-            flat = grad.detach().reshape(-1)
-            if i in self.where:
-                b, start, n = self.where[i]
-                view = self.buffers[b][start: start + n]
-            else:
-                view = self.side.get(i)
-                if view is None:
-                    view = torch.zeros(p.numel(), dtype=torch.float32, device=self.device)
-                    self.side[i] = view
-            if weight == 1.0:
-                view.add_(flat)
-            elif weight != 0.0:
-                view.add_(flat, alpha=float(weight))
+            self.add(i, grad, weight)
+
+    def add(self, i: int, grad: torch.Tensor, weight: float) -> None:
+        """Add ``weight * grad`` to parameter ``i``'s accumulator and mark it present."""
+        self.presence[i] = True
+        flat = grad.detach().reshape(-1)
+        if i in self.where:
+            b, start, n = self.where[i]
+            view = self.buffers[b][start: start + n]
+        else:
+            view = self.side.get(i)
+            if view is None:
+                view = torch.zeros(self.params[i].numel(), dtype=torch.float32, device=self.device)
+                self.side[i] = view
+        if weight == 1.0:
+            view.add_(flat)
+        elif weight != 0.0:
+            view.add_(flat, alpha=float(weight))
+
+    def _grad_region(self, b: int) -> torch.Tensor:
+        return self.buffers[b][self.meta_len:] if (b == 0 and self.meta_in_first_bucket) else self.buffers[b]
+
+    @staticmethod
+    def _sq(t: torch.Tensor) -> torch.Tensor:
+        return torch.dot(t, t).to(torch.float64)
 
     def sq_norm(self, side: dict[int, torch.Tensor]) -> float:
-        """Squared norm of what the buckets (metadata excluded) and ``side`` accumulators hold: this rank's weighted
-        gradient sum before the reduction, the global sum after it (the gradient-noise estimate's inputs)."""
-        start = self.meta_len if self.meta_in_first_bucket else 0
-        parts = [self.buffers[0][start:]] + list(self.buffers[1:]) + list(side.values())
+        """Squared norm of what the buckets (metadata excluded) and ``side`` accumulators hold: the global weighted
+        gradient sum after the reduction (the gradient-noise estimate's big-batch input)."""
         total = torch.zeros((), dtype=torch.float64, device=self.device)
-        for t in parts:
+        for t in [self._grad_region(b) for b in range(len(self.buffers))] + list(side.values()):
             if t.numel():
-                total += torch.dot(t, t).to(torch.float64)
+                total += self._sq(t)
         return float(total)
 
-    # --- window end -------------------------------------------------------------------------------------------
-    def all_reduce_rest(self) -> None:
-        """SUM all-reduce of every gradient bucket not already reduced with the metadata (launched, then awaited)."""
-        chosen = self.buffers[1:] if self.meta_in_first_bucket else self.buffers
-        works = [dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True) for buf in chosen]
+    def local_sq_norm(self) -> float:
+        """This rank's own weighted gradient sum, squared, before the reduction: measured bucket by bucket just
+        before each launch, plus what is never launched early (the metadata bucket's gradients, ``side``). Call
+        after :meth:`launch_rest`, before the metadata exchange."""
+        total = self._local_sq.clone()
+        if self.meta_in_first_bucket and self._grad_region(0).numel():
+            total += self._sq(self._grad_region(0))
+        for t in self.side.values():
+            total += self._sq(t)
+        return float(total)
+
+    # --- launches (the fixed order) ---------------------------------------------------------------------------
+    def next_bucket(self) -> "int | None":
+        """The bucket the launch order reaches next (None: every gradient bucket of the order is launched)."""
+        return self.order[self._launched] if self._launched < len(self.order) else None
+
+    def launch_next(self) -> None:
+        """Start the SUM all-reduce of the next bucket of the order (asynchronously), measuring its squared norm
+        first for the gradient-noise estimate."""
+        b = self.order[self._launched]
+        buf = self.buffers[b]
+        self._local_sq += self._sq(buf)
+        self._launched += 1
+        self._works.append(dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True))
+
+    def launch_rest(self) -> None:
+        """Launch every bucket of the order not launched yet in this window."""
+        while self.next_bucket() is not None:
+            self.launch_next()
+
+    def wait_launched(self, quiet: bool = False) -> None:
+        """Wait for every launched all-reduce (``quiet``: on a closing path, ignore their failures)."""
+        works, self._works = self._works, []
         for work in works:
-            work.wait()
+            try:
+                work.wait()
+            except Exception:
+                if not quiet:
+                    raise
 
     def reduce_side(self, extra: Sequence[int]) -> dict[int, torch.Tensor]:
         """The one extra collective of a window in which parameters outside the layout got gradients."""

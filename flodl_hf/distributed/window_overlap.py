@@ -1,0 +1,152 @@
+"""Overlap of the window-end all-reduce with the last micro-batch's backward pass (``DdpConfig.overlap``).
+
+Why it exists: torch DDP hides most of its all-reduce behind backward; an El Che window that reduces only after
+``graph.step()`` pays the whole reduction on top of compute. Here a post-accumulate-grad hook on every trainable
+parameter notices, during the backward pass of a window's *last* micro-batch, that a bucket's gradients are all
+ready, adds them (weighted by the micro-batch's loss denominator, exactly as ``WindowGrads.accumulate`` would at
+``graph.step()``) and starts that bucket's all-reduce at once. Buckets start in ``WindowGrads``' fixed launch
+order (last bucket first), so every rank's collectives match; ``graph.step()`` then launches the rest, exchanges
+the metadata and waits.
+
+The update is unchanged: the same buffers receive the same ``d * grad`` terms, only earlier. What could make it
+differ is refused instead of being silently wrong:
+
+- a second backward pass in the same micro-batch that reaches a parameter whose bucket is already on the wire;
+- ``p.grad`` changed between ``backward()`` and ``graph.step()`` (checked by tensor identity and version counter;
+  clip with ``DdpConfig.max_grad_norm``, which clips the reduced gradient);
+- ``graph.loss_items(...)`` declared after the backward pass with a different count than the weight used.
+
+A micro-batch is armed only when it is known to close the window: its plan step ends a window, or it fills the
+anchor. Parameters that are trainable but get no gradient keep their bucket (and the ones after it in the order)
+for ``graph.step()``: correct, just not overlapped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+
+from .context import DistributedError
+
+__all__ = ["OverlapHooks"]
+
+# (weight, counts, items were declared) of an armed micro-batch; None: not armed
+Arming = Optional[tuple[float, bool, bool]]
+
+
+class OverlapHooks:
+    """Per-rank hooks that launch a window's buckets during its last backward pass."""
+
+    def __init__(self, grads: Any, arm: Callable[[], Arming]) -> None:
+        self.grads = grads
+        self._arm = arm  # decides, at the first gradient of a micro-batch, whether it closes the window
+        self._handles: dict[int, Any] = {}
+        self._paused = 0
+        self.launched_early = 0  # buckets started during a backward pass, over the run (for tests and figures)
+        self.install()
+        self.reset()
+
+    # --- hooks --------------------------------------------------------------------------------------------
+    def install(self) -> None:
+        """Hook every parameter that requires grad and has no hook yet (unfrozen ones join at the next step)."""
+        for i, p in enumerate(self.grads.params):
+            if i not in self._handles and p.requires_grad:
+                self._handles[i] = p.register_post_accumulate_grad_hook(self._hook(i))
+
+    def remove(self) -> None:
+        for handle in self._handles.values():
+            handle.remove()
+        self._handles.clear()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No arming inside (a memory probe's backward passes are not training micro-batches)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    def _hook(self, i: int) -> Callable[[torch.Tensor], None]:
+        def fired(param: torch.Tensor) -> None:
+            self._fired(i, param)
+        return fired
+
+    # --- per micro-batch ----------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget the micro-batch (after ``graph.step()``)."""
+        self.armed: Optional[bool] = None  # None: not decided yet in this micro-batch
+        self.weight, self.counts, self.declared = 0.0, True, False
+        self.fired: set[int] = set()
+        self.added: dict[int, tuple[int, int]] = {}  # parameter -> (id of its grad tensor, version) when added
+        self._waiting: dict[int, set[int]] = {}  # bucket -> trainable parameters whose gradient is not ready yet
+
+    def _decide(self) -> None:
+        arming = None if self._paused else self._arm()
+        self.armed = arming is not None
+        if arming is None:
+            return
+        self.weight, self.counts, self.declared = arming
+        params = self.grads.params
+        self._waiting = {b: {i for i in self.grads.members[b] if params[i].requires_grad}
+                         for b in range(len(self.grads.buffers))}
+
+    def _fired(self, i: int, param: torch.Tensor) -> None:
+        if self.armed is None:
+            self._decide()
+        if not self.armed:
+            return
+        where = self.grads.where.get(i)
+        if i in self.added or (i in self.fired and where is not None and where[0] not in self._waiting):
+            raise DistributedError(
+                f"a second backward pass in one micro-batch reached parameter #{i} ({tuple(param.shape)}) after "
+                "its gradient bucket had started its all-reduce (DdpConfig(overlap=True)): run one backward per "
+                "graph.step() (sum the losses first), or set DdpConfig(overlap=False)")
+        self.fired.add(i)
+        if where is None:
+            return  # outside the bucket layout: added at graph.step() and reduced after the metadata
+        waiting = self._waiting.get(where[0])
+        if waiting is not None:
+            waiting.discard(i)
+        self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        grads = self.grads
+        while True:
+            b = grads.next_bucket()
+            if b is None or self._waiting.get(b):
+                return
+            for i in grads.members[b]:
+                grad = grads.params[i].grad
+                if i in self.fired and grad is not None:
+                    if self.counts:
+                        grads.add(i, grad, self.weight)
+                    self.added[i] = (id(grad), grad._version)
+            self._waiting.pop(b, None)
+            grads.launch_next()
+            self.launched_early += 1
+
+    # --- graph.step() ---------------------------------------------------------------------------------------
+    def settle(self, items: Optional[tuple[float, str]], weight: float) -> frozenset:
+        """At ``graph.step()`` of an armed micro-batch: check nothing changed what the launched buckets hold, clear
+        their ``p.grad`` and return their parameters (``accumulate`` skips them)."""
+        if not self.added:
+            return frozenset()
+        if self.counts and weight != self.weight:
+            declared = f"graph.loss_items({items[0]:g})" if items is not None else "the plan's sample count"
+            raise DistributedError(
+                f"this micro-batch's weight is {declared} = {weight:g}, but its gradients were already being "
+                f"reduced with weight {self.weight:g} during backward (DdpConfig(overlap=True)): call "
+                "graph.loss_items(...) once, before loss.backward() (every head's compute_loss does), or set "
+                "DdpConfig(overlap=False)")
+        for i, (ident, version) in self.added.items():
+            grad = self.grads.params[i].grad
+            if grad is None or id(grad) != ident or grad._version != version:
+                raise DistributedError(
+                    f"parameter #{i}'s gradient was changed between backward() and graph.step() after it had "
+                    "started its all-reduce (DdpConfig(overlap=True)); the change would be lost. Clip with "
+                    "DdpConfig(max_grad_norm=...) (it clips the reduced gradient), or set DdpConfig(overlap=False)")
+            self.grads.params[i].grad = None
+        return frozenset(self.added)

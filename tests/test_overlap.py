@@ -1,0 +1,102 @@
+"""Overlap of the window-end all-reduce with backward (``DdpConfig.overlap``): what it refuses, and failures.
+
+The exactness of overlapped windows against the one-process reference is in ``test_exactness`` (the harness draws
+``overlap`` and tiny buckets per case); here are the loops it must refuse rather than train silently differently,
+and a rank failing while its buckets are already on the wire.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from dist_helpers import run_ranks, values
+from flodl_hf import DdpConfig, Graph, Trainer
+
+FEATURES, CLASSES = 6, 3
+TINY_BUCKETS = 0.0001  # MiB: about 26 floats, so each layer has its own bucket and starts during backward
+
+
+def _data(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(n, FEATURES, generator=g)
+    return x, (x[:, 0] > 0).long() + (x[:, 1] > 1).long()
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16),
+                               torch.nn.Tanh(), torch.nn.Linear(16, CLASSES))
+
+
+def _loop(rank: int, world: int, how: str, overlap: bool) -> dict:
+    graph = Graph(_mlp())
+    Trainer.setup_with(graph, lambda dev: _mlp(), lambda ps: torch.optim.SGD(ps, lr=0.1),
+                       DdpConfig(verbose=False, timeout_s=20, overlap=overlap, bucket_mb=TINY_BUCKETS, anchor=1,
+                                 freeze_plan=True))
+    x, y = _data(64)
+    for i in range(4):
+        xb, yb = x[i * 16 + rank * 8: i * 16 + rank * 8 + 8], y[i * 16 + rank * 8: i * 16 + rank * 8 + 8]
+        if how == "fail" and rank == 1 and i == 2:
+            torch.nn.functional.cross_entropy(graph.module(xb), yb).backward()  # buckets already started
+            from flodl_hf.distributed.window import mark_failed
+
+            mark_failed()  # what the excepthook does for an uncaught exception
+            raise RuntimeError("boom on rank 1 after its backward")
+        if how == "two-backward":
+            torch.nn.functional.cross_entropy(graph.module(xb[:4]), yb[:4], reduction="sum").backward()
+            torch.nn.functional.cross_entropy(graph.module(xb[4:]), yb[4:], reduction="sum").backward()
+            graph.loss_items(8, reduction="sum")
+        elif how == "clip":
+            torch.nn.functional.cross_entropy(graph.module(xb), yb).backward()
+            torch.nn.utils.clip_grad_norm_(graph.module.parameters(), 0.01)
+        elif how == "items-after":
+            torch.nn.functional.cross_entropy(graph.module(xb), yb).backward()
+            graph.loss_items(5)  # not the 8 samples the loss averaged over, and too late for overlap
+        else:
+            torch.nn.functional.cross_entropy(graph.module(xb), yb).backward()
+        graph.step()
+    early = graph._runtime.overlap.launched_early if graph._runtime.overlap is not None else 0
+    graph.close()
+    return {"early": early, "params": [p.detach().clone() for p in graph.module.parameters()]}
+
+
+@pytest.mark.parametrize("how,expect", [
+    ("two-backward", "second backward pass"),
+    ("clip", "changed between backward() and graph.step()"),
+    ("items-after", "call graph.loss_items(...) once, before loss.backward()"),
+])
+def test_overlap_refuses_what_it_cannot_keep_exact(how, expect):
+    results = run_ranks(_loop, 2, how, True, timeout=60)
+    assert all(status == "error" for status, _ in results), results
+    assert any(expect in message and "DdpConfig(overlap=False)" in message for _, message in results), results
+    assert all("DistributedError" in message for _, message in results), results
+    # the same loop without overlap runs (its meaning is the user's; one backward or one clip per micro-batch)
+    plain = values(run_ranks(_loop, 2, how, False, timeout=60))
+    assert plain[0]["early"] == 0
+
+
+def test_overlap_and_no_overlap_give_the_same_model_bit_for_bit():
+    on = values(run_ranks(_loop, 2, "plain", True, timeout=60))
+    off = values(run_ranks(_loop, 2, "plain", False, timeout=60))
+    assert on[0]["early"] > 0 and off[0]["early"] == 0  # 4 windows x (all buckets but the metadata's) started
+    for a, b in zip(on[0]["params"], off[0]["params"]):
+        assert torch.equal(a, b)
+    for a, b in zip(on[0]["params"], on[1]["params"]):
+        assert torch.equal(a, b)
+
+
+def test_a_rank_failing_after_its_buckets_started_stops_the_others():
+    start = time.monotonic()
+    results = run_ranks(_loop, 2, "fail", True, timeout=60)
+    assert time.monotonic() - start < 60
+    status, message = results[0]
+    assert status == "error" and "rank 1 failed" in message and "DistributedError" in message, results
+    assert "boom on rank 1" in results[1][1]
+
+
+def test_overlap_must_be_a_bool():
+    with pytest.raises(ValueError, match=r"DdpConfig.overlap='yes' is invalid"):
+        DdpConfig(overlap="yes")
