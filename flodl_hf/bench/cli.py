@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="setup modes: model a slow interconnect, sleeping F x a micro-batch's compute after every "
                         "synchronisation (e.g. 0.5: sync >= 50 %% of compute at anchor 1)")
     p.add_argument("--max-length", type=int, default=64, help="tokens per text for tiny-bert and minilm (64)")
+    p.add_argument("--stretch", action="store_true",
+                   help="speeds stretch real compute: --device-ms is this machine's real compute per 16 samples and a "
+                        "rank at speed v sleeps device-ms * b/16 * (1/v - 1) before each forward")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed for one run of one mode")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--simulate", action="store_true",
@@ -88,7 +91,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
                          warmup=args.warmup, repeats=args.repeats, model=args.model, eval_every=args.eval_every,
                          eval_samples=args.eval_samples, target=args.target, lr=args.lr,
                          localsgd_steps=args.localsgd_steps, elche_max_anchor=args.elche_max_anchor,
-                         sync_stretch=args.sync_stretch, max_length=args.max_length,
+                         sync_stretch=args.sync_stretch, max_length=args.max_length, stretch=args.stretch,
                          seed=args.seed, timeout_s=args.timeout).resolved()
 
 

@@ -41,7 +41,7 @@ class DeviceModel:
     devices are measured as they are). ``speed``: this rank's relative speed in (0, 1].
     """
 
-    def __init__(self, device_ms: float, speed: float = 1.0) -> None:
+    def __init__(self, device_ms: float, speed: float = 1.0, stretch: bool = False) -> None:
         if not device_ms >= 0:
             raise ValueError(f"device_ms={device_ms!r} is invalid: use a modelled time >= 0 ms per "
                              f"{REFERENCE_BATCH} samples (0 turns modelling off)")
@@ -49,13 +49,17 @@ class DeviceModel:
             raise ValueError(f"speed={speed!r} is invalid: use a relative speed in (0, 1]")
         self.device_ms = float(device_ms)
         self.speed = float(speed)
+        self.stretch = bool(stretch)
         self.slept_s = 0.0
         self.calls = 0
         self._active = True
 
     def cost_s(self, samples: int) -> float:
-        """Modelled seconds for a micro-batch of ``samples``."""
-        return self.device_ms * (samples / REFERENCE_BATCH) / self.speed / 1000.0
+        """Modelled seconds for a micro-batch of ``samples``. With ``stretch`` only the extra a slower device
+        needs over this machine's real compute (``device_ms`` is then that real compute per 16 samples): a rank
+        at speed 1.0 sleeps nothing, one at 0.4 sleeps 1.5x its real compute."""
+        factor = (1.0 / self.speed - 1.0) if self.stretch else 1.0 / self.speed
+        return self.device_ms * (samples / REFERENCE_BATCH) * factor / 1000.0
 
     def attach(self, module: torch.nn.Module) -> torch.nn.Module:
         """Register the sleeping pre-hook on ``module`` (returns it, for use inside a factory)."""
@@ -84,5 +88,6 @@ class DeviceModel:
             self._active = previous
 
     def summary(self) -> dict[str, Any]:
-        return {"device_ms": self.device_ms, "speed": self.speed, "modelled_s": round(self.slept_s, 4),
+        return {"device_ms": self.device_ms, "speed": self.speed, "stretch": self.stretch,
+                "modelled_s": round(self.slept_s, 4),
                 "forward_calls": self.calls}

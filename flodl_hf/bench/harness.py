@@ -56,7 +56,7 @@ def _specs(s: BenchSettings, mode: str, round_no: int) -> tuple[RunSpec, Workloa
     run = RunSpec(mode=mode, workload=s.workload, speeds=tuple(s.speeds), devices=tuple(s.devices),
                   device_ms=s.device_ms, batch_size=s.batch_size, steps=s.steps, warmup=s.warmup,
                   eval_every=s.eval_every, localsgd_steps=s.localsgd_steps, timeout_s=s.timeout_s, seed=seed,
-                  max_anchor=s.elche_max_anchor, sync_stretch=s.sync_stretch)
+                  max_anchor=s.elche_max_anchor, sync_stretch=s.sync_stretch, stretch=s.stretch)
     work = WorkloadSpec(model=s.model, train_samples=s.steps * s.world * s.batch_size,
                         eval_samples=s.eval_samples, seed=seed, lr=s.lr, max_length=s.max_length)
     return run, work
@@ -178,7 +178,11 @@ def run_bench(settings: BenchSettings, log: Optional[Log] = None) -> dict[str, A
     if s.sync_stretch:
         notes.append(f"setup modes: a modelled slow interconnect sleeps {s.sync_stretch:g} x a micro-batch's compute "
                      "after every synchronisation (DdpConfig.simulate_sync)")
-    if s.device_ms:
+    if s.stretch:
+        notes.append(f"speeds stretch real compute: device_ms {s.device_ms:g} is this machine's measured compute per "
+                     "16 samples, and a rank at speed v sleeps device_ms * b/16 * (1/v - 1) before each forward "
+                     "(the fastest sleeps nothing), identically in every mode")
+    elif s.device_ms:
         notes.append("speeds are modelled by one sleep per micro-batch (device_ms * b/16 / speed) in every mode; "
                      "elche-setup runs without DdpConfig.simulate_speeds")
     if any(m.startswith("builder-") for m in modes) and s.device_ms:

@@ -42,6 +42,8 @@ class RunSpec:
     """DdpConfig.max_anchor for elche-setup (None: the engine default)."""
     sync_stretch: Optional[float] = None
     """DdpConfig.simulate_sync for the setup modes (None: the real sync)."""
+    stretch: bool = False
+    """DeviceModel(stretch=True): device_ms is the real compute per 16 samples and a slower rank sleeps the extra."""
 
     @property
     def world(self) -> int:

@@ -52,7 +52,7 @@ def solo_rank(rank: int, world: int, spec: RunSpec, wspec: WorkloadSpec) -> dict
     """Rank ``rank``'s device alone: the same per-step workload as one DDP rank, without any peer."""
     workload = build_workload(wspec)
     device = torch.device(spec.devices[rank])
-    dm = DeviceModel(spec.device_ms, spec.speeds[rank])
+    dm = DeviceModel(spec.device_ms, spec.speeds[rank], spec.stretch)
     model = dm.attach(workload.build(device))
     opt = workload.optimizer(model.parameters())
     perm = epoch_permutation(len(workload.train), spec.seed + rank)
@@ -83,7 +83,7 @@ def ddp_rank(rank: int, world: int, spec: RunSpec, wspec: WorkloadSpec) -> dict[
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://", rank=rank,
                             world_size=world, timeout=timedelta(seconds=spec.timeout_s))
-    dm = DeviceModel(spec.device_ms, spec.speeds[rank])
+    dm = DeviceModel(spec.device_ms, spec.speeds[rank], spec.stretch)
     model = dm.attach(workload.build(device))
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = workload.optimizer(ddp.parameters())
@@ -109,7 +109,7 @@ def setup_rank(rank: int, world: int, spec: RunSpec, wspec: WorkloadSpec) -> dic
     from ..trainer import Trainer
 
     workload = build_workload(wspec)
-    dm = DeviceModel(spec.device_ms, spec.speeds[rank])
+    dm = DeviceModel(spec.device_ms, spec.speeds[rank], spec.stretch)
     rule = {"anchor_rule": "throughput"} if spec.mode == "elche-throughput" else {}
     fixed = {"fixed_anchor": 1} if spec.mode == "elche-anchor1" else {}
     config = DdpConfig(devices=list(spec.devices), seed=spec.seed, verbose=False, timeout_s=spec.timeout_s,

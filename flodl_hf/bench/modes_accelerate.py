@@ -44,7 +44,7 @@ def accelerate_rank(rank: int, world: int, spec: RunSpec, wspec: WorkloadSpec) -
         accelerator = Accelerator(cpu=cpu, kwargs_handlers=[InitProcessGroupKwargs(
             timeout=timedelta(seconds=spec.timeout_s))])
         device = accelerator.device
-        dm = DeviceModel(spec.device_ms, spec.speeds[rank])
+        dm = DeviceModel(spec.device_ms, spec.speeds[rank], spec.stretch)
         model = dm.attach(workload.build(device))
         optimizer = workload.optimizer(model.parameters())
         loader = torch.utils.data.DataLoader(workload.train, batch_size=spec.batch_size, shuffle=True,

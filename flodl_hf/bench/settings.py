@@ -96,6 +96,9 @@ class BenchSettings:
     compute after every synchronisation). None: the real sync."""
     max_length: int = 64
     """Tokens per text (tiny-bert, minilm)."""
+    stretch: bool = False
+    """Model slower devices by stretching real compute: ``device_ms`` is this machine's real compute per 16 samples
+    (measure it), and a rank at speed v sleeps ``device_ms * b/16 * (1/v - 1)`` (speed 1.0: nothing)."""
     seed: int = 0
     timeout_s: float = 600.0
     """Bound on one run of one mode (and on its collectives)."""
@@ -128,6 +131,8 @@ class BenchSettings:
         if on_cpu and device_ms == 0 and model != "minilm":
             raise _bad("device-ms", device_ms, "CPU ranks need modelled device time (e.g. 40), except with --model "
                        "minilm, whose real compute is measured as it is")
+        if self.stretch and not device_ms > 0:
+            raise _bad("device-ms", device_ms, "--stretch needs the real compute time of 16 samples in ms (> 0)")
         if self.sync_stretch is not None and not self.sync_stretch >= 0:
             raise _bad("sync-stretch", self.sync_stretch, "use a fraction >= 0 of a micro-batch's compute, e.g. 0.5")
         if not isinstance(self.max_length, int) or self.max_length < 4:
@@ -161,6 +166,9 @@ class BenchSettings:
             blocked = [f"{m} ({available[m]})" for m in modes if available[m] is not None]
             if blocked:
                 raise _bad("modes", ",".join(self.modes), "unavailable here: " + "; ".join(blocked))
+        if self.stretch and any(m.startswith("builder-") for m in modes):
+            raise _bad("modes", ",".join(modes), "--stretch is for the torch-level and setup modes; builder modes "
+                       "model speeds with their own simulate_speeds (drop --stretch or the builder modes)")
         return replace(self, modes=modes, devices=devices, device_ms=float(device_ms), model=model, steps=steps,
                        repeats=repeats, speeds=speeds)
 

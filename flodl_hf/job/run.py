@@ -172,6 +172,7 @@ def _run(settings: TrainSettings, head_cls: Any, sources: "_Sources", started: f
     import torch
 
     from .. import Trainer
+    from ..optim import adamw
 
     torch.manual_seed(settings.seed)  # the classifier layer's initialisation
     head = head_cls.from_pretrained(str(sources.model_path), max_length=settings.max_length,
@@ -183,7 +184,7 @@ def _run(settings: TrainSettings, head_cls: Any, sources: "_Sources", started: f
     config, num_labels = head.config(), len(head.labels())
     lr = settings.lr
     Trainer.setup_head_with(head, lambda dev: head_cls.on_device(config, num_labels, dev),
-                            lambda params: torch.optim.AdamW(params, lr=lr), settings.ddp_config())
+                            lambda params: adamw(params, lr), settings.ddp_config())
     graph = head.graph()
     main = graph.is_main
     say = log if main else (lambda _line: None)

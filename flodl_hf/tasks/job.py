@@ -196,6 +196,7 @@ def _run(ts: TaskSettings, head_cls: Any, sources: _Sources, checkpoint_dir: Pat
 
     from .. import Trainer
     from ..job.checkpoints import start_or_resume
+    from ..optim import adamw
 
     torch.manual_seed(settings.seed)
     extra = {"labels": list(train_rows.labels)} if task == TOKEN_CLASSIFICATION else {}
@@ -203,7 +204,7 @@ def _run(ts: TaskSettings, head_cls: Any, sources: _Sources, checkpoint_dir: Pat
     config, num_labels = head.config(), head.num_labels
     lr = settings.lr
     Trainer.setup_head_with(head, lambda dev: head_cls.on_device(config, num_labels, dev),
-                            lambda params: torch.optim.AdamW(params, lr=lr), settings.ddp_config())
+                            lambda params: adamw(params, lr), settings.ddp_config())
     graph = head.graph()
     main = graph.is_main
     say = log if main else (lambda _line: None)
