@@ -3,9 +3,11 @@
 Why it exists: the figures quoted for setup mode must be reproducible with one command on any machine. It runs
 ``flodl-hf bench`` (the same harness, in-process) three times and checks each figure against its target:
 
-1. speeds [1.0, 0.4], 2 ranks: El Che efficiency >= 0.92 (DDP theory 2 * 0.4 / 1.4 = 0.571)
-2. speeds [1.0, 0.8, 0.5, 0.3], 4 ranks: El Che efficiency >= 0.88 (DDP theory 4 * 0.3 / 2.6 = 0.46)
-3. speeds [1.0, 1.0]: El Che throughput >= 0.97 x DDP's
+1. speeds [1.0, 0.4], 2 ranks: El Che efficiency >= 0.96 (DDP theory 2 * 0.4 / 1.4 = 0.571)
+2. speeds [1.0, 0.8, 0.5, 0.3], 4 ranks: El Che efficiency >= 0.93 (DDP theory 4 * 0.3 / 2.6 = 0.46)
+3. speeds [1.0, 1.0]: El Che throughput >= 1.00 x DDP's
+
+(issue 13's targets; the first version's were 0.92, 0.88 and 0.97x.)
 
 Modelled device time: 40 ms per 16-sample micro-batch at speed 1.0 (2.5 ms/sample), divided by the rank's speed;
 a small MLP (real compute ~1 ms per micro-batch). 4 ranks on a 2-core machine are fine because the modelled sleep
@@ -65,9 +67,9 @@ def main() -> int:
             continue
         ratio = elche["samples_per_s"] / ddp["samples_per_s"]
         if name == "equal-speeds":
-            target, met = "El Che >= 0.97 x DDP", ratio >= 0.97
+            target, met = "El Che >= 1.00 x DDP", ratio >= 1.0
         else:
-            floor = 0.92 if len(speeds) == 2 else 0.88
+            floor = 0.96 if len(speeds) == 2 else 0.93
             target, met = f"efficiency >= {floor}", elche["efficiency"] >= floor
         ok = ok and met
         lines.append(f"| {name} {list(speeds)} | {elche['efficiency']:.3f} | {ddp['efficiency']:.3f} | {ratio:.3f} "

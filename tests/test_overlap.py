@@ -1,5 +1,7 @@
 """Overlap of the window-end all-reduce with backward (``DdpConfig.overlap``): what it refuses, and failures.
 
+(The failure-after-the-exchange, anchor-between-backward-and-step and ``.data`` cases came from a review.)
+
 The exactness of overlapped windows against the one-process reference is in ``test_exactness`` (the harness draws
 ``overlap`` and tiny buckets per case); here are the loops it must refuse rather than train silently differently,
 and a rank failing while its buckets are already on the wire.
@@ -31,11 +33,18 @@ def _mlp() -> torch.nn.Module:
                                torch.nn.Tanh(), torch.nn.Linear(16, CLASSES))
 
 
+def _config(overlap: bool) -> DdpConfig:
+    return DdpConfig(verbose=False, timeout_s=20, overlap=overlap, bucket_mb=TINY_BUCKETS, anchor=1,
+                     freeze_plan=True)
+
+
+def _collate(items: list) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.stack([a for a, _ in items]), torch.stack([b for _, b in items])
+
+
 def _loop(rank: int, world: int, how: str, overlap: bool) -> dict:
     graph = Graph(_mlp())
-    Trainer.setup_with(graph, lambda dev: _mlp(), lambda ps: torch.optim.SGD(ps, lr=0.1),
-                       DdpConfig(verbose=False, timeout_s=20, overlap=overlap, bucket_mb=TINY_BUCKETS, anchor=1,
-                                 freeze_plan=True))
+    Trainer.setup_with(graph, lambda dev: _mlp(), lambda ps: torch.optim.SGD(ps, lr=0.1), _config(overlap))
     x, y = _data(64)
     for i in range(4):
         xb, yb = x[i * 16 + rank * 8: i * 16 + rank * 8 + 8], y[i * 16 + rank * 8: i * 16 + rank * 8 + 8]
@@ -100,3 +109,91 @@ def test_a_rank_failing_after_its_buckets_started_stops_the_others():
 def test_overlap_must_be_a_bool():
     with pytest.raises(ValueError, match=r"DdpConfig.overlap='yes' is invalid"):
         DdpConfig(overlap="yes")
+
+
+# --- 1. failure after the window's exchange ----------------------------------------------------------------------
+def _fail_in_optimizer_step(rank: int, world: int, overlap: bool) -> str:
+    def make(ps):
+        opt = torch.optim.SGD(ps, lr=0.1)
+        if rank == 1:
+            def pre(o, args, kwargs):  # e.g. an OOM allocating optimizer state on the smaller device
+                from flodl_hf.distributed.window import mark_failed
+
+                mark_failed()  # what the excepthook does for an uncaught exception
+                raise RuntimeError("optimizer step failed on rank 1 after the window's exchange")
+            opt.register_step_pre_hook(pre)
+        return opt
+
+    graph = Graph(_mlp())
+    Trainer.setup_with(graph, lambda dev: _mlp(), make, _config(overlap))
+    x, y = _data(64)
+    for i in range(4):
+        xb, yb = x[i * 16 + rank * 8: i * 16 + rank * 8 + 8], y[i * 16 + rank * 8: i * 16 + rank * 8 + 8]
+        torch.nn.functional.cross_entropy(graph.module(xb), yb).backward()
+        graph.step()
+    graph.close()
+    return "finished"
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_rank_failing_after_the_exchange_is_reported_as_failed(overlap):
+    start = time.monotonic()
+    results = run_ranks(_fail_in_optimizer_step, 2, overlap, timeout=60)
+    assert time.monotonic() - start < 45, "the surviving rank waited for a timeout"
+    assert "optimizer step failed on rank 1" in results[1][1], results
+    status, message = results[0]
+    assert status == "error" and "rank 1 failed" in message and "DistributedError" in message, results
+
+
+# --- 2. anchor changed between backward() and graph.step() -------------------------------------------------------
+def _anchor_after_backward(rank: int, world: int, overlap: bool) -> dict:
+    graph = Graph(_mlp())
+    Trainer.setup_with(graph, lambda dev: _mlp(), lambda ps: torch.optim.SGD(ps, lr=0.1), _config(overlap))
+    x, y = _data(64)
+    graph.set_data_loader([(x[i], y[i]) for i in range(64)], batch_size=8, collate_fn=_collate)
+    stepped = []
+    for step, (xb, yb) in enumerate(graph.epoch(0)):
+        torch.nn.functional.cross_entropy(graph.module(xb), yb).backward()
+        if step == 0:
+            graph.el_che().set_anchor(2)  # on every rank, after the hooks armed with anchor 1
+        before = graph.training_step
+        graph.step()
+        stepped.append(graph.training_step != before)
+    graph.close()
+    return {"stepped": stepped, "params": [p.detach().clone() for p in graph.module.parameters()]}
+
+
+def test_anchor_set_between_backward_and_step_applies_from_the_next_window_with_overlap():
+    # with overlap the window's anchor is fixed at its first backward (its buckets may already be on the wire), so
+    # the new anchor starts with the next window; without overlap it is fixed at the first graph.step()
+    on = values(run_ranks(_anchor_after_backward, 2, True, timeout=60))
+    off = values(run_ranks(_anchor_after_backward, 2, False, timeout=60))
+    assert on[0]["stepped"] == [True, False, True, True]  # the last step of the epoch always ends a window
+    assert off[0]["stepped"] == [False, True, False, True]
+    for result in (on, off):
+        assert result[0]["stepped"] == result[1]["stepped"]
+        for a, b in zip(result[0]["params"], result[1]["params"]):
+            assert torch.equal(a, b)
+
+
+# --- 3. p.grad modified through .data ----------------------------------------------------------------------------
+def _scale_through_data(rank: int, world: int, overlap: bool) -> list:
+    graph = Graph(_mlp())
+    Trainer.setup_with(graph, lambda dev: _mlp(), lambda ps: torch.optim.SGD(ps, lr=0.1), _config(overlap))
+    x, y = _data(64)
+    for i in range(4):
+        xb, yb = x[i * 16 + rank * 8: i * 16 + rank * 8 + 8], y[i * 16 + rank * 8: i * 16 + rank * 8 + 8]
+        torch.nn.functional.cross_entropy(graph.module(xb), yb).backward()
+        for p in graph.module.parameters():
+            p.grad.data.mul_(0.5)  # old-style in-place edit: .data has its own version counter
+        graph.step()
+    graph.close()
+    return [p.detach().clone() for p in graph.module.parameters()]
+
+
+def test_grad_edited_through_data_is_refused():
+    values(run_ranks(_scale_through_data, 2, False, timeout=60))  # without overlap the edit applies
+    on = run_ranks(_scale_through_data, 2, True, timeout=60)
+    assert all(status == "error" for status, _ in on), on
+    assert any("changed between backward() and graph.step()" in message for _, message in on), on
+    assert all("DdpConfig(overlap=False)" in message or "failed" in message for _, message in on), on

@@ -52,8 +52,8 @@ class ComputeClock:
         """The micro-batch ended (its work is queued). Seconds since the start mark now, with the host
         clock; None with events (their time is added by :meth:`pending_seconds` at the window end)."""
         if not self.events:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+            if self.device.type == "cuda":  # this stream only: not the collectives' (overlap) waiting for peers
+                torch.cuda.current_stream(self.device).synchronize()
             return time.perf_counter() - self._start_host
         end = torch.cuda.Event(enable_timing=True)
         end.record(torch.cuda.current_stream(self.device))

@@ -269,7 +269,9 @@ class WindowRuntime:
         if self._closed:
             return None
         planned = self._peek() if self._peek is not None else None
-        anchor = self._window_anchor if self._window_anchor is not None else self._anchor()
+        if self._window_anchor is None:  # fixed at the window's first backward, as step() will then use it
+            self._window_anchor = self._anchor()
+        anchor = self._window_anchor
         if self._micro_batches + 1 < anchor and not (planned is not None and planned[1]):
             return None
         weight, counts = self._weight(self._items, planned[0] if planned is not None else None)
@@ -423,7 +425,7 @@ class WindowRuntime:
             m, presence, trainable = self._exchange(_STEP)
             self._check(m, _STEP)
             try:
-                self.grads.wait_launched()
+                self.grads.finish_launches()
                 extra = [i for i in range(self.grads.n) if presence[i] > 0.5 and i not in self.grads.where]
                 side = self.grads.reduce_side(extra) if extra else {}
                 if self._reduction == "sum":

@@ -190,6 +190,12 @@ class WindowGrads:
         while self.next_bucket() is not None:
             self.launch_next()
 
+    def finish_launches(self) -> None:
+        """The window's sequence is complete (exchanged and awaited): a failure from here on starts a new one, as
+        the other ranks' next window does."""
+        self.wait_launched()
+        self._launched = 0
+
     def wait_launched(self, quiet: bool = False) -> None:
         """Wait for every launched all-reduce (``quiet``: on a closing path, ignore their failures)."""
         works, self._works = self._works, []

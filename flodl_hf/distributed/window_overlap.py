@@ -12,8 +12,9 @@ The update is unchanged: the same buffers receive the same ``d * grad`` terms, o
 differ is refused instead of being silently wrong:
 
 - a second backward pass in the same micro-batch that reaches a parameter whose bucket is already on the wire;
-- ``p.grad`` changed between ``backward()`` and ``graph.step()`` (checked by tensor identity and version counter;
-  clip with ``DdpConfig.max_grad_norm``, which clips the reduced gradient);
+- ``p.grad`` changed between ``backward()`` and ``graph.step()`` (checked by tensor identity, version counter and
+  a sampled fingerprint that also sees edits through ``.data``; clip with ``DdpConfig.max_grad_norm``, which clips
+  the reduced gradient);
 - ``graph.loss_items(...)`` declared after the backward pass with a different count than the weight used.
 
 A micro-batch is armed only when it is known to close the window: its plan step ends a window, or it fills the
@@ -31,6 +32,16 @@ import torch
 from .context import DistributedError
 
 __all__ = ["OverlapHooks"]
+
+_SAMPLES = 64  # elements per gradient in the fingerprint
+
+
+def _fingerprint(grad: torch.Tensor) -> torch.Tensor:
+    """A cheap float64 sum of about ``_SAMPLES`` evenly spaced elements: it changes when a whole gradient is scaled,
+    clipped, zeroed or noised, whatever route the edit took (no device sync: compared once at ``graph.step()``)."""
+    flat = grad.detach().reshape(-1)
+    step = max(1, flat.numel() // _SAMPLES)
+    return flat[::step].sum(dtype=torch.float64)
 
 # (weight, counts, items were declared) of an armed micro-batch; None: not armed
 Arming = Optional[tuple[float, bool, bool]]
@@ -68,6 +79,7 @@ class OverlapHooks:
             yield
         finally:
             self._paused -= 1
+            self.reset()  # the probe's passes decided nothing about the next micro-batch
 
     def _hook(self, i: int) -> Callable[[torch.Tensor], None]:
         def fired(param: torch.Tensor) -> None:
@@ -80,7 +92,7 @@ class OverlapHooks:
         self.armed: Optional[bool] = None  # None: not decided yet in this micro-batch
         self.weight, self.counts, self.declared = 0.0, True, False
         self.fired: set[int] = set()
-        self.added: dict[int, tuple[int, int]] = {}  # parameter -> (id of its grad tensor, version) when added
+        self.added: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}  # parameter -> (grad, version, print)
         self._waiting: dict[int, set[int]] = {}  # bucket -> trainable parameters whose gradient is not ready yet
 
     def _decide(self) -> None:
@@ -101,9 +113,11 @@ class OverlapHooks:
         where = self.grads.where.get(i)
         if i in self.added or (i in self.fired and where is not None and where[0] not in self._waiting):
             raise DistributedError(
-                f"a second backward pass in one micro-batch reached parameter #{i} ({tuple(param.shape)}) after "
-                "its gradient bucket had started its all-reduce (DdpConfig(overlap=True)): run one backward per "
-                "graph.step() (sum the losses first), or set DdpConfig(overlap=False)")
+                f"parameter #{i} ({tuple(param.shape)}) got a gradient twice in one micro-batch, after its bucket "
+                "had started its all-reduce (DdpConfig(overlap=True)): a second backward pass (sum the losses "
+                "first), a backward pass between two graph.step() calls that is not training, or reentrant "
+                "gradient checkpointing over shared weights. Run one backward per graph.step(), or set "
+                "DdpConfig(overlap=False)")
         self.fired.add(i)
         if where is None:
             return  # outside the bucket layout: added at graph.step() and reduced after the metadata
@@ -123,7 +137,7 @@ class OverlapHooks:
                 if i in self.fired and grad is not None:
                     if self.counts:
                         grads.add(i, grad, self.weight)
-                    self.added[i] = (id(grad), grad._version)
+                    self.added[i] = (grad, grad._version, _fingerprint(grad))
             self._waiting.pop(b, None)
             grads.launch_next()
             self.launched_early += 1
@@ -141,12 +155,19 @@ class OverlapHooks:
                 f"reduced with weight {self.weight:g} during backward (DdpConfig(overlap=True)): call "
                 "graph.loss_items(...) once, before loss.backward() (every head's compute_loss does), or set "
                 "DdpConfig(overlap=False)")
-        for i, (ident, version) in self.added.items():
-            grad = self.grads.params[i].grad
-            if grad is None or id(grad) != ident or grad._version != version:
-                raise DistributedError(
-                    f"parameter #{i}'s gradient was changed between backward() and graph.step() after it had "
-                    "started its all-reduce (DdpConfig(overlap=True)); the change would be lost. Clip with "
-                    "DdpConfig(max_grad_norm=...) (it clips the reduced gradient), or set DdpConfig(overlap=False)")
+        changed = [i for i, (kept, version, _) in self.added.items()
+                   if self.grads.params[i].grad is not kept or kept._version != version]
+        if not changed:  # an edit through .data keeps the version: compare the sampled fingerprints (one sync)
+            before = torch.stack([f for _, _, f in self.added.values()])
+            after = torch.stack([_fingerprint(kept) for kept, _, _ in self.added.values()])
+            differs = (before.view(torch.int64) != after.view(torch.int64)).nonzero().flatten().tolist()  # NaN-safe
+            keys = list(self.added)
+            changed = [keys[k] for k in differs]
+        if changed:
+            raise DistributedError(
+                f"parameter #{changed[0]}'s gradient was changed between backward() and graph.step() after it had "
+                "started its all-reduce (DdpConfig(overlap=True)); the change would be lost. Clip with "
+                "DdpConfig(max_grad_norm=...) (it clips the reduced gradient), or set DdpConfig(overlap=False)")
+        for i in self.added:
             self.grads.params[i].grad = None
         return frozenset(self.added)
