@@ -50,7 +50,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, Optional
 
-__all__ = ["window_estimates", "pooled_estimates", "NoiseScale", "WindowNoise", "statistical_efficiency", "adascale_gain"]
+__all__ = ["window_estimates", "pooled_estimates", "NoiseScale", "WindowNoise", "statistical_efficiency",
+           "fixed_lr_efficiency", "adascale_gain"]
 
 DEFAULT_DECAY = 0.9  # EMA weight of the past: about ten windows of memory
 
@@ -204,9 +205,10 @@ class WindowNoise:
         return phi / m0
 
     def efficiency(self, anchor: int) -> Optional[float]:
-        """Statistical efficiency of ``anchor`` micro-steps per update relative to one (None: no estimate)."""
+        """Statistical efficiency of ``anchor`` micro-steps per update relative to one, at the user's unchanged
+        learning rate (:func:`fixed_lr_efficiency`; None: no estimate)."""
         phi, m0 = self.scale.noise_scale, self.micro_items
-        return None if phi is None or not m0 else statistical_efficiency(phi, m0, anchor * m0)
+        return None if phi is None or not m0 else fixed_lr_efficiency(phi, m0, anchor * m0)
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.scale.state_dict(), "micro_items": self.micro_items}
@@ -227,6 +229,30 @@ def statistical_efficiency(noise_scale: float, m0: float, m: float) -> float:
         raise ValueError(f"noise_scale={noise_scale!r}, m0={m0!r}, m={m!r}: need noise_scale >= 0 and "
                          "positive batch sizes")
     return (phi + m0) / (phi + m)
+
+
+def fixed_lr_efficiency(noise_scale: float, m0: float, m: float) -> float:
+    """Progress per sample at batch ``m`` relative to ``m0`` when the learning rate stays the one tuned for ``m0``.
+
+    Pollux's :func:`statistical_efficiency` assumes the learning rate is re-tuned (AdaScale's gain) for the larger
+    batch. El Che does not touch the user's LR, so a window of ``s = m / m0`` micro-steps takes one step where
+    ``s`` would have been taken, and a larger batch only removes gradient noise from that one step. McCandlish et
+    al.'s expected improvement of one SGD step, ``eps |G|^2 - eps^2/2 (G'HG + tr(H Sigma)/B)``, with ``eps`` the
+    best learning rate for ``m0`` (``eps_max / (1 + rho)``, ``rho = B_noise / m0``) gives a step at batch ``s m0``
+    ``1 + k (1 - 1/s)`` times the progress of a step at ``m0``, ``k = rho / (1 + rho)``. Per sample::
+
+        E_fixed(s) = (1 + k (1 - 1/s)) / s
+
+    1 at ``s = 1``; ``1/s`` without noise; at most ``(2 - 1/s)/s`` however noisy (a step at a fixed LR can at
+    most double its progress). It never exceeds Pollux's ``(rho + 1)/(rho + s)``; with a smaller LR than the best
+    for ``m0`` (usual when fine-tuning) the true figure is lower still, so this is an upper bound.
+    """
+    phi, a, b = _finite("noise_scale", noise_scale), _finite("m0", m0), _finite("m", m)
+    if phi < 0 or a <= 0 or b <= 0:
+        raise ValueError(f"noise_scale={noise_scale!r}, m0={m0!r}, m={m!r}: need noise_scale >= 0 and "
+                         "positive batch sizes")
+    s, rho = b / a, phi / a
+    return (1.0 + rho / (1.0 + rho) * (1.0 - 1.0 / s)) / s
 
 
 def adascale_gain(noise_scale: float, m0: float, scale: float) -> float:

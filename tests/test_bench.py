@@ -12,7 +12,7 @@ import torch
 
 from flodl_hf.bench import main
 from flodl_hf.bench.device_model import DeviceModel, batch_size_of
-from flodl_hf.bench.harness import summarise_round
+from flodl_hf.bench.harness import run_bench, summarise_round
 from flodl_hf.bench.modes_builder import ChunkedDataset
 from flodl_hf.bench.report import markdown_table, prepare_output
 from flodl_hf.bench.settings import ALL_MODES, BenchSettings, mode_availability
@@ -33,6 +33,25 @@ def test_device_model_sleeps_per_sample_over_speed():
     assert dm.calls == 1
     assert "linear" not in "".join(model.state_dict())  # a hook, not a wrapper: state dict keys unchanged
     assert list(model.state_dict()) == ["weight", "bias"]
+
+
+def test_device_model_stretch_sleeps_only_what_a_slower_device_adds():
+    assert DeviceModel(device_ms=100.0, speed=1.0, stretch=True).cost_s(16) == 0.0
+    assert DeviceModel(device_ms=100.0, speed=0.4, stretch=True).cost_s(16) == pytest.approx(0.15)
+    assert DeviceModel(device_ms=100.0, speed=0.4, stretch=True).cost_s(8) == pytest.approx(0.075)
+    assert DeviceModel(device_ms=100.0, speed=0.4).cost_s(16) == pytest.approx(0.25)  # not stretching: all of it
+
+
+def test_stretch_runs_every_torch_mode_alike(tmp_path):
+    result = run_bench(BenchSettings(modes=("solo", "ddp", "elche-setup"), speeds=(1.0, 0.5), device_ms=20.0,
+                                     stretch=True, steps=8, warmup=2, repeats=1, timeout_s=120.0),
+                       log=lambda line: None)
+    assert any("stretch real compute" in note for note in result["notes"])
+    for mode in ("solo", "ddp", "elche-setup"):
+        run = result["rounds"][0]["runs"][mode]
+        assert "error" not in run, run
+        fast, slow = run["modelled_s"]
+        assert fast == 0.0 and slow > 0.0, (mode, run["modelled_s"])  # only the slower rank sleeps
 
 
 def test_batch_size_of_finds_keyword_tensors():
@@ -77,6 +96,8 @@ def test_settings_builder_aliases_expand():
     (dict(workload="speed"), "--workload"),
     (dict(sync_stretch=-0.5), "--sync-stretch"),
     (dict(max_length=2), "--max-length"),
+    (dict(stretch=True, device_ms=0.0, model="minilm", speeds=(1.0, 1.0)), "--device-ms"),
+    (dict(stretch=True, modes=("builder-sync/cpu",)), "--modes"),
 ])
 def test_settings_errors_name_the_flag(kwargs, flag):
     with pytest.raises(ValueError, match=flag):

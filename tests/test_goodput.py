@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import random
 
 import pytest
@@ -29,28 +28,36 @@ def _run(che: ElChe, windows: int, compute_per_micro: float, sync: float, noise_
     return anchors
 
 
-def test_goodput_formula_and_its_continuous_optimum():
+def test_goodput_formula_is_throughput_times_fixed_lr_efficiency():
+    from flodl_hf.noise_scale import fixed_lr_efficiency
+
     assert goodput(1, 0.0, 5.0) == 1.0  # anchor 1 with free sync is the unit
-    assert goodput(4, 1.0, 3.0) == pytest.approx(4 / 5 * 4 / 7)
-    for o1, rho in ((1.0, 30.0), (0.5, 200.0), (2.0, 8.0), (0.3, 500.0)):
-        best = goodput_anchor(1, o1, rho, 1, 64, threshold=0.0)
-        star = math.sqrt(rho * o1)  # d/dA log goodput = 0
-        assert best in (math.floor(star), math.ceil(star)), (o1, rho, best, star)
-    # between 1 and 2 the switch is at rho * o1 = 2
-    assert goodput_anchor(1, 1.0, 1.9, 1, 8, threshold=0.0) == 1
-    assert goodput_anchor(1, 1.0, 2.1, 1, 8, threshold=0.0) == 2
+    rng = random.Random(0)
+    for _ in range(200):
+        a, o1, rho, m0 = rng.randint(1, 16), rng.uniform(0, 20), rng.uniform(0, 100), rng.choice((16, 32, 64))
+        throughput = a / (a + o1)
+        assert goodput(a, o1, rho) == pytest.approx(throughput * fixed_lr_efficiency(rho * m0, m0, a * m0))
+    # between 1 and 2 the switch is at k (1 + o1) = 2, k = rho / (1 + rho): sync must cost more than compute
+    for o1 in (1.5, 3.0, 8.0):
+        k = 2 / (1 + o1)
+        rho = k / (1 - k)
+        assert goodput_anchor(1, o1, rho * 0.95, 1, 2, threshold=0.0) == 1
+        assert goodput_anchor(1, o1, rho * 1.05, 1, 2, threshold=0.0) == 2
+    for rho in (0.0, 1.0, 30.0, 1e6):  # sync no dearer than compute: anchor 1 however noisy the gradient
+        assert goodput_anchor(1, 1.0, rho, 1, 64, threshold=0.0) == 1
 
 
 def test_large_noise_scale_and_costly_sync_give_a_larger_anchor():
     che = ElChe(2, batch_size=16)  # goodput by default, no overhead ceiling; M0 = 32 samples per micro-step
-    anchors = _run(che, 12, compute_per_micro=100.0, sync=100.0, noise_scale=32 * 30)  # o1 1, rho 30
+    anchors = _run(che, 12, compute_per_micro=100.0, sync=800.0, noise_scale=32 * 30)  # o1 8, rho 30
     assert anchors[:2] == [1, 1]  # three windows of evidence first
-    assert che.anchor in (5, 6)  # sqrt(30) = 5.5
+    assert che.anchor == 3  # goodput 1.35x anchor 1's (2: 1.34x, 4: 1.29x)
     assert che.noise_scale == pytest.approx(960.0)
-    assert che.efficiency == pytest.approx((960 + 32) / (960 + 32 * che.anchor))
+    k = 30 / 31
+    assert che.efficiency == pytest.approx((1 + k * (1 - 1 / 3)) / 3)
     assert che.history[-1]["noise_scale"] == pytest.approx(960.0)
-    cheap = ElChe(2, batch_size=16)  # the same noise with cheap sync: rho * o1 = 30 * 0.05 < 2
-    _run(cheap, 12, compute_per_micro=100.0, sync=5.0, noise_scale=32 * 30)
+    cheap = ElChe(2, batch_size=16)  # the same noise with sync as long as compute: k (1 + o1) < 2
+    _run(cheap, 12, compute_per_micro=100.0, sync=100.0, noise_scale=32 * 30)
     assert cheap.anchor == 1
 
 
@@ -59,6 +66,9 @@ def test_small_or_unknown_noise_scale_keeps_anchor_one_even_with_costly_sync(noi
     che = ElChe(2, batch_size=16)
     # sync as long as compute (o1 = 1): the throughput rule would go to 8 (1 / 0.1 = 10, capped)
     assert _run(che, 20, compute_per_micro=100.0, sync=100.0, noise_scale=noise_scale) == [1] * 20
+    slow = ElChe(2, batch_size=16)  # even a link 8x slower than compute: rho <= 1 is not worth a longer window...
+    anchors = _run(slow, 20, compute_per_micro=100.0, sync=800.0, noise_scale=noise_scale)
+    assert anchors == [1] * 20 or (noise_scale == 32.0 and anchors[-1] == 2)  # ...except at k (1 + o1) = 4.5 > 2
     old = ElChe(2, batch_size=16, anchor_rule="throughput")
     assert _run(old, 20, compute_per_micro=100.0, sync=100.0, noise_scale=noise_scale)[-1] == 8
 
@@ -77,28 +87,30 @@ def test_overhead_target_is_a_ceiling_on_sync_that_goodput_may_exceed():
     _run(floor, 12, compute_per_micro=100.0, sync=100.0, noise_scale=None)
     assert floor.anchor == 4  # no noise estimate: exactly the overhead rule
     more = ElChe(2, batch_size=16, overhead_target=0.25)
-    _run(more, 12, compute_per_micro=100.0, sync=100.0, noise_scale=32 * 48)  # sqrt(48) = 6.9
-    assert more.anchor == 7
-    assert combined_anchor(1, 1.0, 48.0, 0.25, 1, 8, "goodput") == 7
-    assert combined_anchor(1, 1.0, 0.0, 0.25, 1, 8, "goodput") == 4
-    assert combined_anchor(1, 1.0, 48.0, None, 1, 8, "goodput") == 7
+    _run(more, 12, compute_per_micro=100.0, sync=100.0, noise_scale=32 * 48)  # goodput alone: 1
+    assert more.anchor == 4
+    assert combined_anchor(1, 1.0, 48.0, 0.25, 1, 8, "goodput") == 4
+    assert combined_anchor(1, 1.0, 48.0, None, 1, 8, "goodput") == 1
+    assert combined_anchor(1, 8.0, 30.0, None, 1, 8, "goodput") == 3
+    assert combined_anchor(1, 1.5, 1e6, 0.5, 1, 8, "goodput") == 3  # overhead's 3 beats goodput's 2
+    assert combined_anchor(1, 8.0, 30.0, 0.5, 1, 8, "goodput") == 8  # tau wants 16: the bound holds
     assert combined_anchor(1, 1.0, 48.0, 0.25, 1, 8, "throughput") == 4
-    assert combined_anchor(1, 1.0, 48.0, None, 1, 3, "goodput") == 3  # bounds hold
+    assert combined_anchor(1, 8.0, 30.0, None, 1, 2, "goodput") == 2  # bounds hold
 
 
 def test_hysteresis_holds():
-    # near the 1 <-> 2 boundary (rho * o1 = 2) the two goodputs differ by < 5 %: no move either way
-    assert goodput_anchor(1, 1.0, 2.3, 1, 8) == 1
-    assert goodput_anchor(2, 1.0, 1.7, 1, 8) == 2
-    assert goodput_anchor(1, 1.0, 3.5, 1, 8) == 2  # a clear gain moves
+    # near the 1 <-> 2 boundary (o1 3: k = 0.5, rho = 1) the two goodputs differ by < 5 %: no move either way
+    assert goodput_anchor(1, 3.0, 1.3, 1, 8) == 1
+    assert goodput_anchor(2, 3.0, 0.8, 1, 8) == 2
+    assert goodput_anchor(1, 8.0, 1.6, 1, 8) == 2  # a clear gain moves
     rng = random.Random(0)
     che = ElChe(2, batch_size=16)
     anchors = []
-    for _ in range(60):  # 5 % timing noise around o1 = 1 and a noise scale wobbling 10 % around rho = 2
+    for _ in range(60):  # 5 % timing noise around o1 = 3 and a noise scale wobbling 10 % around rho = 1
         a = che.anchor
-        phi = 64.0 * (1 + 0.1 * rng.uniform(-1, 1))
+        phi = 32.0 * (1 + 0.1 * rng.uniform(-1, 1))
         che.report([100.0 * a * (1 + 0.05 * rng.gauss(0, 1))] * 2, [16 * a] * 2,
-                   100.0 * (1 + 0.05 * rng.gauss(0, 1)), micro_batches=a, **_noise_inputs(phi, [16 * a] * 2))
+                   300.0 * (1 + 0.05 * rng.gauss(0, 1)), micro_batches=a, **_noise_inputs(phi, [16 * a] * 2))
         anchors.append(che.anchor)
     changes = sum(1 for x, y in zip(anchors, anchors[1:]) if x != y)
     assert changes <= 1, anchors
@@ -106,10 +118,10 @@ def test_hysteresis_holds():
 
 def test_goodput_anchor_comes_back_down_when_the_noise_scale_falls():
     che = ElChe(2, batch_size=16)
-    _run(che, 12, compute_per_micro=100.0, sync=100.0, noise_scale=32 * 30)
+    _run(che, 12, compute_per_micro=100.0, sync=800.0, noise_scale=32 * 30)
     high = che.anchor
-    _run(che, 40, compute_per_micro=100.0, sync=100.0, noise_scale=16.0)  # the EMA forgets the old noise
-    assert high >= 5 and che.anchor == 1
+    _run(che, 80, compute_per_micro=100.0, sync=800.0, noise_scale=2.0)  # the EMA forgets the old noise
+    assert high == 3 and che.anchor == 1
 
 
 def test_goodput_state_round_trip_continues_identically():
@@ -161,7 +173,7 @@ def test_metrics_json_and_tensorboard_figures_of_a_goodput_run():
     from flodl_hf.job.outputs import el_che_info, el_che_scalars
 
     che = ElChe(2, batch_size=16)
-    _run(che, 12, compute_per_micro=100.0, sync=100.0, noise_scale=32 * 30)
+    _run(che, 12, compute_per_micro=100.0, sync=800.0, noise_scale=32 * 30)
     info = el_che_info(_Holder(che))
     assert info["anchor_rule"] == "goodput" and info["overhead_target"] is None
     assert info["anchor_changes"][0] == [0, 1] and info["anchor_changes"][-1][1] == che.anchor > 1

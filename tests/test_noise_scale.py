@@ -15,6 +15,7 @@ from flodl_hf.noise_scale import (
     NoiseScale,
     WindowNoise,
     adascale_gain,
+    fixed_lr_efficiency,
     pooled_estimates,
     statistical_efficiency,
     window_estimates,
@@ -147,7 +148,7 @@ def test_window_noise_needs_all_three_inputs():
     small, big = _expected_inputs(1.0, 32.0, [16, 16])
     wn.observe(2, 2, small, [16, 16], big)  # two micro-batches of 16 items per rank: M0 = 16
     assert wn.micro_items == 16.0 and wn.rho(1) == pytest.approx(2.0) and wn.rho(2) is None
-    assert wn.efficiency(3) == pytest.approx((32 + 16) / (32 + 48))
+    assert wn.efficiency(3) == pytest.approx((1 + 2 / 3 * (1 - 1 / 3)) / 3)  # rho 2, k = 2/3, unchanged LR
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
@@ -161,6 +162,29 @@ def test_window_estimates_validation(kwargs, match):
         window_estimates(**kwargs)
     with pytest.raises(ValueError, match=r"decay=1.0 is invalid: use an EMA decay in \[0, 1\)"):
         NoiseScale(decay=1.0)
+
+
+def test_fixed_lr_efficiency_is_one_sgd_step_at_the_lr_tuned_for_m0():
+    # the closed form against McCandlish's expected improvement of one SGD step, eps |G|^2 - eps^2/2 (G'HG +
+    # tr(H Sigma)/B), with H = h I, |G|^2 = g, tr(Sigma) = B_noise g, eps the best LR for m0: per sample, a step
+    # at s m0 over s steps' worth at m0
+    rng = random.Random(3)
+    for _ in range(200):
+        g, h, m0 = rng.uniform(0.1, 5), rng.uniform(0.1, 5), rng.choice((8, 16, 32, 64))
+        phi, s = rng.choice((0.0, rng.uniform(0, 10 * m0), rng.uniform(0, 1000 * m0))), rng.randint(1, 16)
+        noise = phi * g
+
+        def improvement(eps: float, batch: float) -> float:
+            return eps * g - eps * eps / 2 * (h * g + h * noise / batch)
+
+        eps = g / (h * g + h * noise / m0)  # argmax of improvement(eps, m0)
+        expected = improvement(eps, s * m0) / (s * improvement(eps, m0))
+        assert fixed_lr_efficiency(phi, m0, s * m0) == pytest.approx(expected, rel=1e-9)
+        assert fixed_lr_efficiency(phi, m0, s * m0) <= statistical_efficiency(phi, m0, s * m0) + 1e-12
+    assert fixed_lr_efficiency(0.0, 32, 128) == pytest.approx(0.25)  # no noise: one step's worth, m0 / m
+    assert fixed_lr_efficiency(1e12, 32, 128) == pytest.approx((2 - 1 / 4) / 4)  # at most twice one step
+    with pytest.raises(ValueError, match="need noise_scale >= 0 and positive batch sizes"):
+        fixed_lr_efficiency(-1.0, 32, 64)
 
 
 def test_statistical_efficiency_closed_form():

@@ -20,7 +20,8 @@ The model (every time in ms):
   previous window's sync, micro_batches=...)`` as the engine does (the engine sends the previous window's sync
   time, the minimum over ranks, i.e. the all-reduce without straggler waiting). New sizes apply from the next window;
 - synchronous DDP: ``batch_size`` samples on every rank every step, step = max over ranks + the all-reduce
-  (no overlap of the all-reduce with backward, as El Che's window end; ``ddp_overlap`` hides a fraction of it);
+  (the model overlaps neither El Che's window-end reduction nor DDP's with backward; ``ddp_overlap`` hides a
+  fraction of DDP's, an upper bound for DDP against a conservative El Che);
 - ideal: the sum of each rank's solo rate ``batch_size / (device_ms * batch_size / 16 / s + overhead_ms)``.
 
 Throughput is measured as the bench does: samples after the first window end at or after ``warmup`` steps,
@@ -260,12 +261,13 @@ class _Case:
     mean_sync_ms: float = field(default=0.0)
 
 
-#: The bench's measured setup-mode efficiencies (README "Figures", bench-final, 120 steps x 3 rounds) and the mean
-#: sync time the engine itself reported to El Che in those runs (window histories in the same results.json).
+#: The bench's measured setup-mode efficiencies (README "Figures": ``benchmarks/setup_mode.py``, 120 steps x 3
+#: rounds, 2026-12-01, with overlap and goodput El Che) and the mean sync time the engine itself reported to El Che
+#: in the first such run (window histories of its results.json; the latency fit below uses them).
 MEASURED = (
-    _Case("2 ranks [1.0, 0.4]", (1.0, 0.4), 0.978, 0.575, 1.32),
-    _Case("4 ranks [1.0, 0.8, 0.5, 0.3]", (1.0, 0.8, 0.5, 0.3), 0.917, 0.454, 5.53),
-    _Case("2 ranks [1.0, 1.0]", (1.0, 1.0), 0.945, 0.946, 2.33),
+    _Case("2 ranks [1.0, 0.4]", (1.0, 0.4), 0.973, 0.574, 1.32),
+    _Case("4 ranks [1.0, 0.8, 0.5, 0.3]", (1.0, 0.8, 0.5, 0.3), 0.910, 0.456, 5.53),
+    _Case("2 ranks [1.0, 1.0]", (1.0, 1.0), 0.946, 0.949, 2.33),
 )
 
 #: The bench's CPU machine as a model. Set from the bench code: device_ms 40, batch 16, steps 120, warmup 5; the
