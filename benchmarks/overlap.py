@@ -81,7 +81,8 @@ def main() -> int:
     s_on = statistics.median(x["sync_ms"] for x in runs[True])
     s_off = statistics.median(x["sync_ms"] for x in runs[False])
     print(f"\nMiniLM, 2 CPU ranks, batch {args.batch} per rank, max length {args.max_length}, anchor 1, "
-          f"{args.rounds} alternating round(s):\n\n| overlap | s/step | sync left after backward (ms) |\n|---|---|---|\n"
+          f"{args.rounds} alternating round(s):\n\n| overlap | s/step | sync left after backward (ms) |\n"
+          f"|---|---|---|\n"
           f"| on | {on:.3f} | {s_on:.0f} |\n| off | {off:.3f} | {s_off:.0f} |\n\non / off: {on / off:.3f}")
     return 0
 

@@ -25,10 +25,8 @@ Gradient noise, at no extra collective: each rank writes ``|G_r|^2`` (its weight
 ``D_r``, squared) beside ``D_r``; after the reduction ``|G_big|^2`` of the reduced gradient completes what
 ``flodl_hf.noise_scale`` needs (a ``reduction="sum"`` loss has no item count, so it gives no estimate). The norms
 are read, never written: the update is unchanged.
-Overlap (``DdpConfig.overlap``, on by default): the buckets go on the wire in one fixed order, last bucket first,
-with the metadata collective last; during a window's last micro-batch, hooks start each bucket as soon as backward
-has made its gradients ready (``flodl_hf.distributed.window_overlap``), and ``graph.step()`` starts the rest. A
-finished or failed rank continues the same order from where its window stopped, so shapes always match.
+Overlap (``DdpConfig.overlap``): buckets go on the wire in one fixed order, metadata last; hooks start some during
+the last backward (``window_overlap``); a finished or failed rank continues the order, so shapes always match.
 Design note: El Che is given the previous window's synchronisation time (the minimum over ranks, i.e. without
 straggler waiting), since this window's is only known after the collective that carries the figures.
 """
@@ -50,7 +48,7 @@ from ..el_che import ElChe
 from .clock import ComputeClock
 from .collectives import broadcast_tensors
 from .context import DistContext, DistributedError, missing_ranks, side_group
-from .window_grads import WindowGrads
+from .window_grads import WindowGrads, micro_batch_weight
 from .window_overlap import Arming, OverlapHooks
 
 __all__ = ["WindowRuntime", "close_all", "mark_failed"]
@@ -255,15 +253,6 @@ class WindowRuntime:
     def set_user_flags(self, bits: int) -> None:
         self._user_flags |= int(bits)
 
-    @staticmethod
-    def _weight(items: Optional[tuple[float, str]], samples: Optional[int]) -> tuple[float, bool]:
-        """(weight of a micro-batch's gradient, whether it counts at all): see ``window_grads``."""
-        if samples == 0:  # a padding micro-batch (drop_last=False): it carries no weight at all
-            return 0.0, False
-        if items is not None:
-            return (1.0 if items[1] == "sum" else items[0]), True
-        return (float(samples) if samples is not None else 1.0), True
-
     def _arm(self) -> Arming:
         """Called by the overlap hooks at a micro-batch's first gradient: its weight when it closes the window."""
         if self._closed:
@@ -274,7 +263,7 @@ class WindowRuntime:
         anchor = self._window_anchor
         if self._micro_batches + 1 < anchor and not (planned is not None and planned[1]):
             return None
-        weight, counts = self._weight(self._items, planned[0] if planned is not None else None)
+        weight, counts = micro_batch_weight(self._items, planned[0] if planned is not None else None)
         if self.speed < 1.0 and not self.clock.events:  # SIMULATION: the slower device reaches here later too
             pre = self.clock.elapsed()
             extra = pre * (1.0 / self.speed - 1.0)
@@ -309,7 +298,7 @@ class WindowRuntime:
         elif self._reduction != reduction:
             raise ValueError(f"graph.loss_items(reduction={reduction!r}) after reduction={self._reduction!r} in the "
                              "same El Che window: use one loss reduction for the whole run")
-        weight, counts = self._weight(items, samples)
+        weight, counts = micro_batch_weight(items, samples)
         skip = frozenset()
         armed = self.overlap is not None and bool(self.overlap.armed)
         if armed:

@@ -36,7 +36,18 @@ import torch.distributed as dist
 
 from .collectives import bucket_layout
 
-__all__ = ["WindowGrads"]
+__all__ = ["WindowGrads", "micro_batch_weight"]
+
+
+def micro_batch_weight(items: "tuple[float, str] | None", samples: "int | None") -> tuple[float, bool]:
+    """(weight of a micro-batch's gradient, whether it counts at all): what its loss averaged over (declared
+    ``items``; weight 1 for a summed loss), else its real sample count from the plan, else 1. A padding
+    micro-batch (``samples == 0``, ``drop_last=False``) carries no weight at all."""
+    if samples == 0:
+        return 0.0, False
+    if items is not None:
+        return (1.0 if items[1] == "sum" else items[0]), True
+    return (float(samples) if samples is not None else 1.0), True
 
 
 class WindowGrads:
