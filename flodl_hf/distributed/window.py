@@ -188,6 +188,7 @@ class WindowRuntime:
             el_che.speed_hint(slow, ratio)
         if cfg.freeze_plan or cfg.batch_sizes is not None:
             el_che.freeze()
+        self.grads.measure = el_che.enabled  # only an enabled El Che reads the local gradient norm
         with self._lock:
             self.el_che, self.batch_size = el_che, batch_size
             self._versions = [(self._drawn, list(el_che.batch_sizes()))]
@@ -344,12 +345,16 @@ class WindowRuntime:
         return DistributedError(f"rank {self.rank}: lost contact with the other ranks {what} at window "
                                 f"{self.window_index} ({who}): {exc}")
 
-    def _exchange(self, flag: float) -> tuple[torch.Tensor, list[float], list[float]]:
-        """The rest of the launch order (buckets not started yet), then the metadata collective (blocking)."""
+    def _launch_rest(self) -> None:
+        """Start the buckets of the launch order not started yet (a no-op once they all are)."""
         try:
             self.grads.launch_rest()
         except Exception as exc:
             raise self._lost("starting the gradient all-reduce", exc) from exc
+
+    def _exchange(self, flag: float) -> tuple[torch.Tensor, list[float], list[float]]:
+        """The rest of the launch order (buckets not started yet), then the metadata collective (blocking)."""
+        self._launch_rest()
         self.grads.write_meta(self._fixed_meta(flag))
         try:
             dist.all_reduce(self.grads.first_collective(), op=dist.ReduceOp.SUM, group=self.side)
@@ -405,10 +410,7 @@ class WindowRuntime:
             self._compute_s += self.clock.pending_seconds()
             t0 = time.perf_counter()
             noise = self.el_che is not None and self.el_che.enabled and self._reduction != "sum"
-            try:
-                self.grads.launch_rest()
-            except Exception as exc:
-                raise self._lost("starting the gradient all-reduce", exc) from exc
+            self._launch_rest()  # before the local norm: it is measured bucket by bucket as they start
             if noise and self._denominator > 0:
                 self._grad_sq = self.grads.local_sq_norm() / (self._denominator * self._denominator)
             m, presence, trainable = self._exchange(_STEP)

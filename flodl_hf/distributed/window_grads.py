@@ -65,6 +65,7 @@ class WindowGrads:
         self._meta_cpu = None if self.meta_in_first_bucket else torch.zeros(self.meta_len, dtype=torch.float32)
         self.presence = [False] * self.n
         self.side: dict[int, torch.Tensor] = {}  # accumulators of parameters outside the layout
+        self.measure = False  # measure each bucket's squared norm as it starts (the gradient-noise estimate)
         self.build(layout)
 
     # --- layout -----------------------------------------------------------------------------------------------
@@ -173,8 +174,8 @@ class WindowGrads:
 
     def local_sq_norm(self) -> float:
         """This rank's own weighted gradient sum, squared, before the reduction: measured bucket by bucket just
-        before each launch, plus what is never launched early (the metadata bucket's gradients, ``side``). Call
-        after :meth:`launch_rest`, before the metadata exchange."""
+        before each launch (``measure`` on), plus what is never launched early (the metadata bucket's gradients,
+        ``side``). Call after :meth:`launch_rest`, before the metadata exchange."""
         total = self._local_sq.clone()
         if self.meta_in_first_bucket and self._grad_region(0).numel():
             total += self._sq(self._grad_region(0))
@@ -189,10 +190,11 @@ class WindowGrads:
 
     def launch_next(self) -> None:
         """Start the SUM all-reduce of the next bucket of the order (asynchronously), measuring its squared norm
-        first for the gradient-noise estimate."""
+        first for the gradient-noise estimate when ``measure`` is on."""
         b = self.order[self._launched]
         buf = self.buffers[b]
-        self._local_sq += self._sq(buf)
+        if self.measure:
+            self._local_sq += self._sq(buf)
         self._launched += 1
         self._works.append(dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True))
 

@@ -43,6 +43,7 @@ def _fingerprint(grad: torch.Tensor) -> torch.Tensor:
     step = max(1, flat.numel() // _SAMPLES)
     return flat[::step].sum(dtype=torch.float64)
 
+
 # (weight, counts, items were declared) of an armed micro-batch; None: not armed
 Arming = Optional[tuple[float, bool, bool]]
 
