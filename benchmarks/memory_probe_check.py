@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     autocast = ((lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.precision == "bf16" else None)
     start = time.perf_counter()
     cap = memory_probe.probe_micro_batch(module, device, data, head.collate, 1, args.high, autocast,
-                                         on_try=lambda n, ok: tries.append(n))
+                                         on_try=lambda n, ok: tries.append(n),
+                                         reserve_bytes=memory_probe.optimizer_reserve_bytes(module))
     took = time.perf_counter() - start
     total = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else None
     print(f"memory probe: {device}{f' ({total:.0f} GiB)' if total else ''}, MiniLM, {args.max_length} tokens, "

@@ -82,8 +82,10 @@ def _gather_rng(graph: "Graph") -> list[dict]:
         return [own]
     import torch.distributed as dist
 
+    from .distributed.context import side_group
+
     gathered: list[Optional[dict]] = [None] * graph.world_size
-    dist.all_gather_object(gathered, own)
+    dist.all_gather_object(gathered, own, group=side_group())  # gloo beside NCCL: a lost peer raises at once
     return [g for g in gathered if g is not None]
 
 

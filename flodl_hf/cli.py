@@ -315,7 +315,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
             raise UsageError(f"{len(args.texts)} TEXT(s) but {len(pairs)} --pair: give one --pair per TEXT, in the "
                              "same order")
         check_texts(pairs)
-    check_model_dir(args.model)
+    check_model_dir(args.model, labels=True)  # the label map names what it prints / scores
     check_trained(args.model, args.allow_untrained, "predict")
     head = _load_head(args.model)
     if pairs is None:
@@ -352,7 +352,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         writable_parent(args.json, "--json")
         check_output_file(args.json, "--json", inputs=[args.data, args.model])
-    check_model_dir(args.model)
+    check_model_dir(args.model, labels=True)  # the label map names what it prints / scores
     check_trained(args.model, args.allow_untrained, "eval")
     problem = problem_from_config(json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8")))
     dataset = load_text_classification(args.data, text_column=args.text_column, label_column=args.label_column,

@@ -20,7 +20,9 @@ Decisions, stated once:
 
 from __future__ import annotations
 
+import operator
 import random
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
@@ -47,7 +49,8 @@ class TextDataset:
     ``label_ids`` holds one target per row: a label id (``single_label``), a sorted tuple of label ids
     (``multi_label``) or a float (``regression``, where ``labels`` is empty). Sized and indexable, as
     ``graph.set_data_loader`` and a head's ``collate`` expect: ``ds[i]`` is ``(text, target)`` for single texts,
-    ``{"text", "text_pair", "label"}`` for pairs; a multi-label target is a multi-hot list of floats.
+    ``{"text", "text_pair", "label"}`` for pairs; a multi-label target is a multi-hot list of floats. Texts must
+    be strings and label ids integers (a float, bool or str id is refused rather than truncated by ``int``).
     """
 
     def __init__(self, texts: Sequence[str], label_ids: Sequence[Any], labels: Sequence[str],
@@ -58,8 +61,9 @@ class TextDataset:
         if text_pairs is not None and len(text_pairs) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(text_pairs)} second texts: give one pair per text")
         self.problem_type = check_problem_type(problem_type)
-        self.texts: list[str] = list(texts)
-        self.text_pairs: Optional[list[str]] = None if text_pairs is None else list(text_pairs)
+        self.texts: list[str] = _strings(texts, "text", source)
+        self.text_pairs: Optional[list[str]] = None if text_pairs is None else _strings(text_pairs, "second text",
+                                                                                          source)
         self.labels: list[str] = [str(label) for label in labels]
         self.source = source
         #: Rows skipped because their text was empty or missing.
@@ -68,10 +72,11 @@ class TextDataset:
             self.label_ids: list[Any] = [float(v) for v in label_ids]
             return
         if self.problem_type == "multi_label":
-            self.label_ids = [tuple(sorted({int(i) for i in ids})) for ids in label_ids]
+            self.label_ids = [tuple(sorted({_label_id(i, row, source) for i in _id_set(ids, row, source)}))
+                              for row, ids in enumerate(label_ids, start=1)]
             checked = [(row, i) for row, ids in enumerate(self.label_ids, start=1) for i in ids]
         else:
-            self.label_ids = [int(i) for i in label_ids]
+            self.label_ids = [_label_id(i, row, source) for row, i in enumerate(label_ids, start=1)]
             checked = list(enumerate(self.label_ids, start=1))
         for row, label_id in checked:
             if not 0 <= label_id < len(self.labels):
@@ -154,6 +159,37 @@ class TextDataset:
         return self._take(sorted(order[:n]))
 
 
+def _strings(texts: Sequence[Any], what: str, source: str) -> list[str]:
+    """``texts`` as a list, every item a str: a number or None would reach the tokenizer as garbage or crash it."""
+    texts = list(texts)
+    for row, text in enumerate(texts, start=1):
+        if not isinstance(text, str):
+            raise ValueError(f"{source}: {what} {row} is a {type(text).__name__} ({text!r:.40}), not a string: give "
+                             f"every {what} as a str")
+    return texts
+
+
+def _label_id(value: Any, row: int, source: str) -> int:
+    """``value`` as a label id: an integer (numpy and torch integers too); a float, bool or str is refused, since
+    ``int()`` would silently truncate 1.9 to class 1 or turn True into class 1."""
+    if not isinstance(value, (bool, str, bytes, float)) and type(value).__name__ not in ("bool_", "bool"):
+        try:
+            return int(operator.index(value))
+        except TypeError:
+            pass
+    raise ValueError(f"{source}: row {row} has label id {value!r:.40} (a {type(value).__name__}): a label id is an "
+                     "integer index into the label names; give integers (or load the data with "
+                     "load_text_classification, which maps names to ids)")
+
+
+def _id_set(ids: Any, row: int, source: str) -> list[Any]:
+    """The ids of one multi-label row (an iterable of ids, not a string)."""
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise ValueError(f"{source}: row {row} has the multi-label target {ids!r:.40} (a {type(ids).__name__}): "
+                         "give each row a list of integer label ids, e.g. [0, 2]")
+    return list(ids)
+
+
 # --- loading -------------------------------------------------------------------------------------------------------
 
 def _is_nan(label: Any) -> bool:
@@ -165,6 +201,10 @@ def _is_nan(label: Any) -> bool:
 def _check_labels_arg(labels: Optional[Sequence[str]]) -> Optional[list[str]]:
     if labels is None:
         return None
+    if isinstance(labels, (str, bytes)) or not hasattr(labels, "__iter__"):
+        kind = "string" if isinstance(labels, (str, bytes)) else type(labels).__name__
+        raise ValueError(f"labels={labels!r:.60} is one {kind}: pass a list of label names, e.g. "
+                         "['neg', 'pos'] (the command line's --labels neg,pos is split at the commas for you)")
     labels = [str(label) for label in labels]
     if not labels:
         raise ValueError("labels=[] is invalid: give at least one label name, or None to take them from the data")
@@ -248,6 +288,8 @@ def load_text_classification(path: Union[str, Path], *, text_column: str = "text
             raise ValueError(f"{name}: row {row_no} has a {type(label).__name__} label ({label!r:.40}) in column "
                              f"{label_column!r}; use a string name or an integer id (or --problem-type "
                              "regression for numbers, multi_label for lists)")
+        if problem_type != "regression":
+            _check_label_digits(label, name, row_no, label_column)
         texts.append(value)
         if text_pair_column is not None:
             pairs.append(second)
@@ -276,6 +318,19 @@ def load_text_classification(path: Union[str, Path], *, text_column: str = "text
                                            label_fix, known)
     return TextDataset(texts, targets, names, source=name, dropped=dropped,
                        text_pairs=pairs if text_pair_column is not None else None, problem_type=problem_type)
+
+
+def _check_label_digits(label: Any, name: str, row_no: int, column: str) -> None:
+    """Refuse an integer label too long for Python to convert (``sys.get_int_max_str_digits``): labels are
+    sorted and matched as integers, and Python's own error names no file, no row and a Python setting as the fix."""
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    parts = label.split(",") if isinstance(label, str) else label if isinstance(label, (list, tuple)) else []
+    for part in parts:
+        digits = part.strip().lstrip("-") if isinstance(part, str) else ""
+        if limit and len(digits) > limit and digits.isdigit():
+            raise ValueError(f"{name}: row {row_no} has a label of {len(digits)} digits ({digits[:20]}...) in column "
+                             f"{column!r}, more than the {limit} Python converts: no class id is that long; is "
+                             f"{column!r} the label column? Choose another with --label-column, or fix the row")
 
 
 def _rows_text(rows: list[int], limit: int = 10) -> str:

@@ -6,7 +6,9 @@ It exists so that ``flodl_hf.data`` deals only with turning rows into texts and 
 ``eval --data``):
 
 * CSV / TSV / JSON / JSON-lines are read by flodl-hf's own strict readers (encoding detection, repeated header
-  columns or JSON keys refused, semicolon files named), because ``datasets``' readers guess silently.
+  columns or JSON keys refused, semicolon files named; a CSV row with more or fewer fields than the header, JSON
+  nested beyond Python's recursion limit and an integer too long to convert refused naming the row), because
+  ``datasets``' readers guess silently. CSV fields may be of any length (csv's 128 KiB limit is lifted).
 * parquet and arrow files, saved ``Dataset`` / ``DatasetDict`` directories and Hub dataset ids go through
   ``datasets`` / ``pyarrow``, so ``ClassLabel`` names travel with the rows (labels are then matched by name).
   Parquet and arrow files are read in memory (no cache directory is written).
@@ -22,12 +24,13 @@ import csv
 import io
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, Union
 
-__all__ = ["Table", "read_table", "looks_like_hub_id", "pick_split", "TEXT_SUFFIXES", "ARROW_SUFFIXES",
-           "SUPPORTED_SUFFIXES"]
+__all__ = ["Table", "read_table", "looks_like_hub_id", "pick_split", "load_json", "TEXT_SUFFIXES",
+           "ARROW_SUFFIXES", "SUPPORTED_SUFFIXES"]
 
 TEXT_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".ndjson")
 ARROW_SUFFIXES = (".parquet", ".arrow")
@@ -94,7 +97,8 @@ def read_table(source: Union[str, Path], *, split: Optional[str] = None, encodin
     if not path.exists():
         if looks_like_hub_id(source):
             return _read_hub(str(source), split, prefer, option)
-        raise FileNotFoundError(f"data file not found: {path}")
+        raise FileNotFoundError(f"data file not found: {path}: give an existing file, a saved datasets directory or "
+                                "a Hub dataset id with --data")
     name = str(path)
     if path.is_dir():
         return _read_saved_dataset(path, split, prefer, option)
@@ -212,14 +216,28 @@ def _decode(raw: bytes, encoding: Optional[str], name: str) -> str:
         return raw.decode("latin-1")  # never fails: every byte is a latin-1 character
 
 
+#: The largest CSV field read (csv's default, 131,072 characters, refuses a long review as "unreadable").
+_CSV_FIELD_LIMIT = 2**31 - 1
+
+
 def _read_csv(text: str, delimiter: str, name: str) -> tuple[list[str], list[dict[str, Any]]]:
+    kind = "TSV" if delimiter == "\t" else "CSV"
+    previous = csv.field_size_limit(_CSV_FIELD_LIMIT)
     try:
         reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
         columns = [c for c in (reader.fieldnames or []) if c is not None]
-        rows = list(reader)
+        _check_header(columns, delimiter, name)
+        rows = [_full_row(row, row_no, reader.line_num, columns, delimiter, name)
+                for row_no, row in enumerate(reader, start=1)]
     except csv.Error as exc:
-        raise ValueError(f"{name} is not a readable {'TSV' if delimiter == chr(9) else 'CSV'} file ({exc}): fix "
-                         "the quoting or the line breaks, or save it as JSON-lines") from exc
+        raise ValueError(f"{name} is not a readable {kind} file ({exc}): fix the quoting or the line breaks, or save "
+                         "it as JSON-lines") from exc
+    finally:
+        csv.field_size_limit(previous)
+    return columns, rows
+
+
+def _check_header(columns: list[str], delimiter: str, name: str) -> None:
     repeated = sorted({c for c in columns if columns.count(c) > 1})
     if repeated:
         raise ValueError(f"{name} has a header that repeats the column(s) {', '.join(map(repr, repeated))}, so "
@@ -227,13 +245,34 @@ def _read_csv(text: str, delimiter: str, name: str) -> tuple[list[str], list[dic
     if len(columns) == 1 and ";" in columns[0] and delimiter == ",":
         raise ValueError(f"{name} looks semicolon-separated (its header is {columns[0][:60]!r}): flodl-hf reads "
                          "comma-separated .csv and tab-separated .tsv; save it with commas or tabs")
-    return columns, rows
+
+
+def _full_row(row: dict, row_no: int, line_no: int, columns: list[str], delimiter: str, name: str) -> dict:
+    """``row`` when it has one field per header column. ``DictReader`` would silently put extra fields under the
+    key None (an unquoted delimiter in a text cuts it in two) and fill missing ones with None."""
+    extra = row.pop(None, None)
+    missing = sum(1 for value in row.values() if value is None)
+    if not extra and not missing:
+        return row
+    if not extra and all(value is None or not value.strip() for value in row.values()):
+        return row  # a whitespace-only line: an empty text, dropped like any other
+    fields = len(columns) + len(extra or ()) - missing
+    header = f"{name}: row {row_no} (line {line_no}) has {fields} fields but the header has {len(columns)} columns " \
+             f"({', '.join(columns)[:80]})"
+    if extra:
+        sep = "a tab" if delimiter == "\t" else "a comma"
+        raise ValueError(f"{header}: a field holding {sep} must be in double quotes, e.g. \"hello, world\",pos; "
+                         "quote the text field, or save the file as JSON-lines")
+    example = "a<TAB><TAB>b" if delimiter == "\t" else "a,,b"
+    raise ValueError(f"{header}: give every row one field per column (an empty field is fine: {example}), or save "
+                     "the file as JSON-lines")
 
 
 def _read_json(text: str, name: str, lines: bool) -> tuple[list[str], list[dict[str, Any]]]:
     if not lines:
+        numbers = _LongNumbers()
         try:
-            data = json.loads(text, object_pairs_hook=_distinct_keys(name)) if text.strip() else []
+            data = load_json(text, name, numbers) if text.strip() else []
         except json.JSONDecodeError as exc:
             if exc.msg != "Extra data":
                 raise ValueError(f"{name} is not valid JSON: {exc}") from exc
@@ -257,16 +296,82 @@ def _read_json(text: str, name: str, lines: bool) -> tuple[list[str], list[dict[
                                          "equal-length column lists")
             if not isinstance(data, list):
                 raise ValueError(f"{name}: expected a list of objects, one per row")
+            numbers.check(data, name)
             return _columns_of(data, name), data
     rows = []
     for line_no, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line, object_pairs_hook=_distinct_keys(f"{name}: line {line_no}")))
+            rows.append(load_json(line, f"{name}: line {line_no}"))
         except json.JSONDecodeError as exc:
             raise ValueError(f"{name}: line {line_no} is not valid JSON: {exc.msg}") from exc
     return _columns_of(rows, name), rows
+
+
+def load_json(text: str, name: str, numbers: Optional["_LongNumbers"] = None) -> Any:
+    """``json.loads`` as flodl-hf reads data: a repeated key, nesting too deep for Python's recursion limit and an
+    integer too long to convert are one ValueError naming ``name`` (pass ``numbers`` to check the integers later,
+    naming their row); malformed JSON stays a ``json.JSONDecodeError`` for the caller to word."""
+    found = numbers if numbers is not None else _LongNumbers()
+    try:
+        data = json.loads(text, object_pairs_hook=_distinct_keys(name), parse_int=found.parse)
+    except RecursionError:
+        raise ValueError(f"{name} is nested too deeply (arrays or objects inside each other beyond Python's "
+                         f"recursion limit of {sys.getrecursionlimit()}): data rows hold flat fields (texts, labels, "
+                         "lists of labels or answers); fix the file") from None
+    if numbers is None:
+        found.check(None, name)
+    return data
+
+
+def _int_digits_limit() -> int:
+    """The most digits Python converts to an int (0: no limit; Python < 3.11 has none)."""
+    return int(getattr(sys, "get_int_max_str_digits", lambda: 0)())
+
+
+class _LongNumbers:
+    """``parse_int`` for ``json.loads``: an integer longer than Python converts (``sys.get_int_max_str_digits``)
+    becomes a marker instead of Python's error (which names no file, no row, and a Python setting as the fix);
+    :meth:`check` then refuses it, naming the row that holds it when rows are given."""
+
+    def __init__(self) -> None:
+        self.found: list[_LongNumber] = []
+
+    def parse(self, digits: str) -> Any:
+        limit = _int_digits_limit()
+        if limit and len(digits.lstrip("-")) > limit:
+            self.found.append(_LongNumber(digits))
+            return self.found[-1]
+        return int(digits)
+
+    def check(self, rows: Optional[list], name: str) -> None:
+        if not self.found:
+            return
+        number = self.found[0]
+        where = next((f"{name}: row {row_no}" for row_no, row in enumerate(rows or [], start=1)
+                      if _holds(row, number)), name)
+        raise ValueError(f"{where} holds a number of {len(number.lstrip('-'))} digits ({number[:20]}...), more "
+                         f"than the {_int_digits_limit()} Python converts: no label, id or offset is that long; fix "
+                         "the value (a text belongs in quotes), or choose another column")
+
+
+class _LongNumber(str):
+    """An integer too long to convert, as its digits (see :class:`_LongNumbers`)."""
+
+
+def _holds(value: Any, number: "_LongNumber") -> bool:
+    """Whether ``value`` (a parsed JSON row) holds ``number``, searched without recursion."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if item is number:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _distinct_keys(name: str) -> Any:

@@ -382,6 +382,7 @@ class ElChe:
         grad_sq: Sequence[float] | None = None,
         grad_items: Sequence[float] | None = None,
         reduced_grad_sq: float | None = None,
+        noise_micro_batches: int | None = None,
     ) -> None:
         """Feed one window's figures (identical on every rank) and compute the next plan.
 
@@ -394,7 +395,9 @@ class ElChe:
         ``grad_sq``, ``grad_items``, ``reduced_grad_sq`` (setup mode, all or none):
         each rank's squared norm of its own window gradient, its loss-denominator
         items, and the squared norm of the reduced gradient; they feed the noise
-        estimate (``flodl_hf.noise_scale``) the goodput rule uses.
+        estimate (``flodl_hf.noise_scale``) the goodput rule uses. ``noise_micro_batches``:
+        the micro-batches of the window those three describe, when it is an earlier
+        window than the timing figures' (default ``micro_batches``).
         """
         if micro_batches is not None and self._mode != "setup":
             raise ValueError(f"micro_batches={micro_batches!r} is setup-mode only: remove it in builder mode")
@@ -413,7 +416,10 @@ class ElChe:
         if grad_sq is not None and self._mode != "setup":
             raise ValueError("grad_sq is setup-mode only: remove the gradient-noise inputs in builder mode")
         n_micro = self._anchor if micro_batches is None else micro_batches
-        self._noise.observe(w, n_micro, grad_sq, grad_items, reduced_grad_sq)
+        if noise_micro_batches is not None:
+            _check_int("noise_micro_batches", noise_micro_batches, 1, "pass the noise window's micro-batches >= 1")
+        self._noise.observe(w, n_micro if noise_micro_batches is None else noise_micro_batches, grad_sq, grad_items,
+                            reduced_grad_sq)
         compute = max(float(x) for x in wall_ms)
         overhead = sync_ms / compute if compute > 0 else None
         if not self._frozen:

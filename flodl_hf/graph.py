@@ -70,6 +70,7 @@ class Graph:
         self._resume: Optional[EpochPosition] = None  # where a loaded checkpoint continues
         self._resume_steps: Optional[tuple[int, int]] = None  # (epoch, steps) loaded before the data loader was set
         self._scaler: Any = None  # torch.amp.GradScaler for fp16 on CUDA
+        self._scaled_backward = False  # graph.backward ran since the last step (checked under fp16 loss scaling)
         # Drawn but not yet stepped plan steps, oldest first:
         # (epoch, step k, real samples, window end, the epoch's position once it is stepped).
         self._pending: deque[tuple[int, int, int, bool, EpochPosition]] = deque()
@@ -136,6 +137,11 @@ class Graph:
         """``loss.backward()``, scaled when fp16 loss scaling is active (use it instead of loss.backward() with
         ``precision='fp16'`` on CUDA; identical to loss.backward() otherwise)."""
         (self._scaler.scale(loss) if self._scaler is not None else loss).backward()
+        self._scaled_backward = True
+
+    def drawn_ahead(self) -> int:
+        """Batches of ``graph.epoch()`` drawn but not yet finished by ``graph.step()`` (read-ahead)."""
+        return len(self._pending)
 
     def _peek_planned(self) -> Optional[tuple[int, bool]]:
         """(real samples, window end) of the plan step the loop is computing now (what ``step`` will take)."""
@@ -152,6 +158,14 @@ class Graph:
         elif self._at is not None:  # a batch not drawn from the plan: it stands for the next plan step
             at, g = self._at, self.world_size * self._batch_size
             self._at = EpochPosition(at.epoch, at.steps + 1, min(at.end, at.samples + g), at.end)
+        if self._scaler is not None:
+            # GradScaler.step would divide unscaled gradients by the scale (no real update): drop the micro-batch.
+            if not self._scaled_backward:
+                optimizer.zero_grad(set_to_none=True)
+                raise ValueError("precision='fp16' on CUDA scales the loss, but this micro-batch's gradients came "
+                                 "from loss.backward(): call graph.backward(loss) instead (it scales the loss), or "
+                                 "use DdpConfig(precision='bf16'), which needs no loss scaling")
+            self._scaled_backward = False
         if self._runtime is not None:
             self._runtime.set_user_flags(self._raised_flags)
             self._raised_flags = 0

@@ -18,7 +18,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
-__all__ = ["largest_fitting", "longest_item", "probe_micro_batch", "probe_graph_caps", "OUT_OF_MEMORY", "PROBE_ROWS"]
+__all__ = ["largest_fitting", "longest_item", "probe_micro_batch", "probe_graph_caps", "optimizer_reserve_bytes",
+           "OUT_OF_MEMORY", "PROBE_ROWS", "CUDA_MARGIN"]
 
 #: The exception class that means "does not fit" (CUDA allocators raise it; tests raise it to stand in for one).
 OUT_OF_MEMORY: type = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
@@ -86,15 +87,28 @@ def _outputs_loss(out: Any) -> torch.Tensor:
     return logits.float().sum()
 
 
+#: On CUDA the cap found is scaled by this: the caching allocator fragments over a run, and a probe that fits to
+#: the last sample leaves nothing for it.
+CUDA_MARGIN = 0.9
+
+
+def optimizer_reserve_bytes(module: torch.nn.Module) -> int:
+    """Memory training will hold that a forward + backward probe does not: the optimizer's state, created at its
+    first step (Adam / AdamW: two tensors per trainable parameter, the largest common case)."""
+    return 2 * sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+
+
 def probe_micro_batch(module: torch.nn.Module, device: torch.device, dataset: Sequence[Any],
                       collate: Optional[Callable[[list], Any]], low: int, high: int,
                       autocast: Optional[Callable[[], Any]] = None,
-                      on_try: Optional[Callable[[int, bool], None]] = None) -> int:
+                      on_try: Optional[Callable[[int, bool], None]] = None, reserve_bytes: int = 0) -> int:
     """The largest micro-batch in ``[low, high]`` samples this rank can train (0: not even ``low``).
 
     The collated batch must be ``(enc, labels)`` with ``enc`` a mapping of model inputs (what task heads'
     ``collate`` returns) or a mapping itself; anything else is refused with the fix. ``on_try(n, fits)`` hears of
-    every try (for logs and benchmarks)."""
+    every try (for logs and benchmarks). On CUDA, ``reserve_bytes`` (e.g. :func:`optimizer_reserve_bytes`) stay
+    allocated during every try, standing for what training adds later, and the cap found is scaled by
+    :data:`CUDA_MARGIN` (never below ``low`` when ``low`` fits)."""
     import contextlib
 
     longest = longest_item(dataset)  # found once, not on every try
@@ -135,7 +149,13 @@ def probe_micro_batch(module: torch.nn.Module, device: torch.device, dataset: Se
                 on_try(n, ok)
             return ok
 
-        return largest_fitting(tried, low, high)
+        reserve = (torch.empty(int(reserve_bytes), dtype=torch.uint8, device=device)
+                   if device.type == "cuda" and reserve_bytes > 0 else None)
+        try:
+            found = largest_fitting(tried, low, high)
+        finally:
+            del reserve
+        return max(low, int(found * CUDA_MARGIN)) if device.type == "cuda" and found > 0 else found
     finally:
         module.train(was_training)
         with torch.no_grad():
@@ -154,7 +174,8 @@ def probe_graph_caps(graph: Any, dataset: Sequence[Any], batch_size: int,
     own, error = 0, None
     try:
         with graph._runtime.paused_overlap():
-            own = probe_micro_batch(graph.module, graph.device, dataset, collate, 1, high, graph.autocast)
+            own = probe_micro_batch(graph.module, graph.device, dataset, collate, 1, high, graph.autocast,
+                                    reserve_bytes=optimizer_reserve_bytes(graph.module))
         if own == 0:
             error = ValueError(f"rank {graph.rank} ({graph.device}) cannot train even one sample of the longest "
                                "kind in its memory (max_micro_batch='auto'): use a smaller max_length or model, "

@@ -56,12 +56,25 @@ def read_marker(directory: PathLike) -> Optional[dict]:
     return data
 
 
+#: Every entry a run's output directory could hold before markers existed (a legacy output holding anything else
+#: is not treated as flodl-hf's: the extra entries could be a user's).
+_LEGACY_OUTPUT_NAMES = frozenset({
+    "metrics.json", "README.md", "loss_curve.png", "runs", "config.json", "generation_config.json",
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "tokenizer.json",
+    "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json",
+    "merges.txt", "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja"})
+
+
 def _legacy_output(directory: Path) -> bool:
+    """An output an earlier flodl-hf wrote (no marker): a run's ``metrics.json`` (``generator`` flodl-hf and no
+    ``kind``: an ``eval --json`` result has ``kind: eval`` and says nothing about its folder)."""
+    if (directory / MARKER).exists():
+        return False
     try:
         data = json.loads((directory / _LEGACY_MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
-    return isinstance(data, dict) and data.get("generator") == "flodl-hf"
+    return isinstance(data, dict) and data.get("generator") == "flodl-hf" and "kind" not in data
 
 
 def owns_dir(directory: PathLike) -> bool:
@@ -79,9 +92,7 @@ def write_marker(directory: PathLike, kind: str, entries: Iterable[str], created
 def _foreign_entries(directory: Path) -> list[str]:
     """Entries of a flodl-hf directory that its marker does not record (None-safe for legacy outputs)."""
     marker = read_marker(directory)
-    if marker is None:
-        return []  # a legacy output: no record of what it held
-    recorded = set(marker.get("entries") or ()) | {MARKER}
+    recorded = (set(marker.get("entries") or ()) | {MARKER}) if marker is not None else _LEGACY_OUTPUT_NAMES
     return sorted(p.name for p in directory.iterdir() if p.name not in recorded)
 
 
@@ -93,6 +104,10 @@ def check_output_dir(path: PathLike, overwrite: bool, option: str = "--output-di
     if path.exists() and not path.is_dir():
         raise ValueError(f"output path {path} exists and is a file: choose a directory path with {option}")
     if path.is_dir() and any(path.iterdir()):
+        marker = read_marker(path)
+        if marker is not None and marker.get("kind") == "checkpoint":
+            raise ValueError(f"{option} {path} is a flodl-hf checkpoint directory, not an output: choose "
+                             f"another {option}")
         if not owns_dir(path):
             raise ValueError(f"output directory {path} is not empty and was not written by flodl-hf: "
                              f"choose another {option} (flodl-hf never replaces other files)")
@@ -118,13 +133,26 @@ def staged_output_dir(path: PathLike, overwrite: bool = False, option: str = "--
     target = check_output_dir(path, overwrite, option).resolve()
     remove_stale_temporaries(target.parent, [target.name])
     holder: list[Path] = []
+    # A directory flodl-hf did not create (an empty one the user made, perhaps a mount point or one with its own
+    # mode) is filled in place and never replaced; one it created is swapped whole.
+    existing = read_marker(target) if target.is_dir() else None
+    in_place = target.is_dir() and (not any(target.iterdir()) or (existing is not None and
+                                                                 existing.get("created") is False))
 
     def before_swap() -> None:
         check_output_dir(target, overwrite, option)  # nothing foreign appeared meanwhile
         staging = holder[0]
-        write_marker(staging, "output", [p.name for p in staging.iterdir()])
+        write_marker(staging, "output", [p.name for p in staging.iterdir()], created=not in_place)
+        if in_place and existing is not None:  # --overwrite in a directory the user made: ours go, theirs stay
+            (target / MARKER).unlink(missing_ok=True)  # first: a half-replaced directory is not claimed as ours
+            for name in existing.get("entries") or ():
+                entry = target / name
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink(missing_ok=True)
 
-    with atomic_dir(target, before_swap=before_swap) as staging:
+    with atomic_dir(target, before_swap=before_swap, in_place=in_place, last=(MARKER,)) as staging:
         holder.append(staging)
         yield staging
 
@@ -201,14 +229,20 @@ def claim_checkpoint_dir(directory: PathLike, overwrite: bool, resuming: bool, t
                              f"replaces or deletes other files: {resume}choose another --checkpoint-dir")
 
 
-def adopt_checkpoint_dir(directory: PathLike) -> None:
-    """Create (or mark) the checkpoint directory as flodl-hf's, recording what the job will write there."""
+def adopt_checkpoint_dir(directory: PathLike, tensorboard: bool = False) -> None:
+    """Create (or mark) the checkpoint directory as flodl-hf's, recording what the job will write there: the
+    checkpoint files (:func:`claim_checkpoint_dir` has refused any that were there unrecorded, except the
+    checkpoint being resumed, which proves itself) and, when TensorBoard is on, ``runs/`` unless a ``runs/``
+    flodl-hf did not record is already there (a user's: never recorded, so no ``--overwrite`` or clean-up
+    removes it)."""
     directory = Path(directory)
     marker = read_marker(directory)
     created = not directory.exists() if marker is None else bool(marker.get("created"))
     directory.mkdir(parents=True, exist_ok=True)
-    legacy = [LEGACY_CHECKPOINT] if marker and LEGACY_CHECKPOINT in (marker.get("entries") or ()) else []
-    write_marker(directory, "checkpoint", [*CHECKPOINT_NAMES, "runs", *legacy], created=created)
+    recorded = set(marker.get("entries") or ()) if marker else set()
+    runs = ["runs"] if tensorboard and not (directory / "runs").exists() else []
+    entries = recorded | {*CHECKPOINT_NAMES, *runs}
+    write_marker(directory, "checkpoint", entries, created=created)
 
 
 def remove_owned(directory: PathLike, names: Sequence[str]) -> None:

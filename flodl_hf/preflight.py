@@ -21,11 +21,12 @@ import json
 import os
 import shutil
 import struct
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-__all__ = ["check_model_dir", "classifier_trained", "check_devices", "check_disk_space", "check_texts",
-           "WEIGHT_FILES", "TOKENIZER_FILES"]
+__all__ = ["check_model_dir", "label_map_problem", "classifier_trained", "check_devices", "check_disk_space",
+           "check_texts", "WEIGHT_FILES", "TOKENIZER_FILES"]
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -33,8 +34,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voca
                    "sentencepiece.bpe.model", "spm.model")
 
 
-def check_model_dir(path: Any, option: str = "--model", tokenizer: bool = True) -> Path:
-    """Refuse a model directory that is missing, lacks or has a broken config, lacks weights or tokenizer files."""
+def check_model_dir(path: Any, option: str = "--model", tokenizer: bool = True,
+                    labels: Optional[bool] = None) -> Path:
+    """Refuse a model directory that is missing, lacks or has a broken config, lacks weights or tokenizer files,
+    or (``labels``; by default when its weights hold a trained classifier, whose outputs the map names) has a
+    damaged label map."""
     model = Path(path)
     if not model.exists():
         raise FileNotFoundError(f"model directory not found: {model}: give an existing directory with {option}")
@@ -59,7 +63,33 @@ def check_model_dir(path: Any, option: str = "--model", tokenizer: bool = True) 
     if tokenizer and not any((model / name).is_file() for name in TOKENIZER_FILES):
         raise ValueError(f"{model} has no tokenizer files (tokenizer.json, vocab.txt, ...): copy the base model's "
                          f"tokenizer files into it, or give a complete model directory with {option}")
+    if labels or (labels is None and classifier_trained(model) is not False):
+        problem = label_map_problem(config.get("id2label"))
+        if problem:
+            raise ValueError(f"{config_path} has a damaged label map: id2label {problem}, so the model's outputs "
+                             "cannot be named: give each id 0..n-1 one distinct name in id2label (and label2id), "
+                             f"e.g. {{\"0\": \"neg\", \"1\": \"pos\"}}, or give another directory with {option}")
     return model
+
+
+def label_map_problem(id2label: Any) -> Optional[str]:
+    """What is wrong with a ``config.json`` ``id2label`` (None: nothing, or no map): ids must be exactly 0..n-1 and
+    names distinct, non-empty strings, or predictions print one name twice and labels match the wrong class."""
+    if id2label is None or id2label == {}:
+        return None
+    if not isinstance(id2label, dict):
+        return f"is a {type(id2label).__name__}, not an object of id -> name"
+    if set(id2label) != {str(i) for i in range(len(id2label))}:
+        shown = ", ".join(key if key.isdigit() else repr(key)
+                          for key in sorted(map(str, id2label), key=lambda k: (not k.isdigit(), k.zfill(20))))
+        return f"has ids {shown[:80]} where {len(id2label)} labels need exactly 0..{len(id2label) - 1}"
+    for key, name in id2label.items():
+        if not isinstance(name, str) or not name.strip():
+            return f"names id {key} {name!r:.40}"
+    repeated = sorted(name for name, count in Counter(id2label.values()).items() if count > 1)
+    if repeated:
+        return f"repeats the label name(s) {', '.join(map(repr, repeated))[:80]}"
+    return None
 
 
 def _safetensors_keys(path: Path) -> Optional[list[str]]:

@@ -90,6 +90,7 @@ class Trainer:
         opt = optimizer(replica.parameters())
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"the optimizer factory must return a torch.optim.Optimizer, got {type(opt).__name__}")
+        _check_optimizer_params(opt, replica)
         target.attach(replica, opt, ctx.device, config, rank=ctx.rank, world_size=ctx.world_size, runtime=runtime)
         if config.verbose:
             _announce(ctx, config)
@@ -118,13 +119,29 @@ class Trainer:
         return DdpBuilder(model_factory, optim_factory, train_fn)
 
 
+def _check_optimizer_params(opt: torch.optim.Optimizer, replica: torch.nn.Module) -> None:
+    """Refuse an optimizer over parameters that are not the replica's: it would step tensors nothing trains (a
+    factory that grouped the user's own model's parameters by name), and the run would never learn, silently."""
+    own = {id(p) for p in replica.parameters()}
+    foreign = sum(1 for group in opt.param_groups for p in group["params"] if id(p) not in own)
+    if foreign:
+        raise ValueError(
+            f"the optimizer factory built an optimizer over {foreign} parameter(s) that are not those it was given "
+            "(the replica this rank trains), so nothing would train: build it from the parameters the factory "
+            "receives. To group them by name (e.g. no weight decay for biases), zip them with your model's names, "
+            "which come in the same order: names = [n for n, _ in model.named_parameters()]; then "
+            "lambda ps: AdamW([{'params': [p for n, p in zip(names, ps) if 'bias' not in n]}, ...])")
+
+
 def _announce(ctx: Any, config: DdpConfig) -> None:
     description = describe_device(ctx.device)
     if ctx.is_distributed:
         import torch.distributed as dist
 
+        from .distributed.context import side_group
+
         gathered: list[Optional[tuple[str, str]]] = [None] * ctx.world_size
-        dist.all_gather_object(gathered, (str(ctx.device), description))
+        dist.all_gather_object(gathered, (str(ctx.device), description), group=side_group())
         devices = [torch.device(g[0]) for g in gathered if g is not None]
         descriptions = [g[1] for g in gathered if g is not None]
     else:

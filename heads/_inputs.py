@@ -34,11 +34,21 @@ def check_texts(texts: Any, what: str) -> list[str]:
 def apply_labels(config: Any, num_labels: Optional[int], labels: Optional[Sequence[str]]) -> None:
     """Set ``num_labels`` / ``id2label`` / ``label2id`` on ``config`` in place (validated)."""
     if labels is not None:
-        if isinstance(labels, str) or not all(isinstance(name, str) for name in labels):
-            raise ValueError(f"labels={labels!r} is invalid: give a list of label names, e.g. ['neg', 'pos']")
+        if isinstance(labels, (str, bytes)) or not hasattr(labels, "__iter__"):
+            kind = "string" if isinstance(labels, (str, bytes)) else type(labels).__name__
+            raise ValueError(f"labels={labels!r:.60} is one {kind}: pass a list of label names, "
+                             "e.g. ['neg', 'pos']")
         labels = list(labels)
-        if len(labels) < 1 or len(set(labels)) != len(labels):
-            raise ValueError(f"labels={labels!r} is invalid: give at least one name, each name once")
+        if not all(isinstance(name, str) for name in labels):
+            raise ValueError(f"labels={labels!r:.80} is invalid: give a list of label names (str), e.g. ['neg', 'pos']")
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"labels={labels!r:.80} is invalid: give each name once")
+        if len(labels) < 2:
+            raise ValueError(
+                f"labels={labels!r:.80} names {'1 class' if labels else 'no class'}: a classifier needs at least 2 "
+                "label names, e.g. ['neg', 'pos'] (--labels neg,pos); for one output (a regression) pass num_labels=1 "
+                "(--problem-type regression) instead of labels"
+            )
         if num_labels is not None and num_labels != len(labels):
             raise ValueError(
                 f"num_labels={num_labels} disagrees with the {len(labels)} names in labels: drop "

@@ -2,7 +2,8 @@
 
 It exists so that a failed save (full disk, a tokenizer that cannot serialise, an interrupt) never leaves a
 half-written model directory: everything is written into a temporary directory beside the target and renamed
-into place, and a directory that is not a model directory is never overwritten.
+into place. A directory that is not a model directory is never written into, and in one that is (a Hub clone
+with its ``.git/``) only the files the save writes are replaced: nothing else is ever moved or deleted.
 """
 
 from __future__ import annotations
@@ -19,22 +20,53 @@ from ._io import PathLike
 __all__ = ["atomic_save", "write_label_maps", "save_tokenizer"]
 
 
-def atomic_save(target: PathLike, write: Callable[[Path], None]) -> Path:
-    """Run ``write(tmp_dir)`` in a temporary directory beside ``target``, then rename it to ``target``.
+def _model_config(path: Path) -> bool:
+    """True when ``path`` is a transformers model config (a JSON object naming its ``model_type``)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("model_type"), str)
 
-    An existing ``target`` is replaced only when it is empty or looks like a model directory (has ``config.json``);
-    otherwise ``FileExistsError``. On any failure the temporary directory is removed and ``target`` is untouched.
+
+#: Weight files a saved directory may hold; one a save did not rewrite could be loaded instead of the new weights.
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+
+
+def atomic_save(target: PathLike, write: Callable[[Path], None]) -> Path:
+    """Run ``write(tmp_dir)`` in a temporary directory beside ``target``, then move what it wrote into ``target``.
+
+    - ``target`` absent: the temporary directory is renamed to it.
+    - ``target`` an empty directory, or a model directory (its ``config.json`` names a ``model_type``, e.g. a
+      clone of a Hub repository): each file written replaces the file of the same name; every other entry
+      (``.git/``, notes, a model card) is left as it is. Refused (``FileExistsError``, nothing written) when a
+      weight file the save did not write would shadow the new weights (``model.safetensors`` beside a sharded
+      save), or when a written name is a directory or link there.
+    - any other non-empty directory: ``FileExistsError``, nothing written.
+
+    On any failure before the files move, the temporary directory is removed and ``target`` is untouched.
     """
     target = Path(os.path.expanduser(str(target))).absolute()
     if target.exists():
         if not target.is_dir():
             raise FileExistsError(f"cannot save to {str(target)!r}: it is a file; choose a directory path")
-        if any(target.iterdir()) and not (target / "config.json").is_file():
+        if any(target.iterdir()) and not _model_config(target / "config.json"):
             raise FileExistsError(
-                f"refusing to overwrite {str(target)!r}: it is a non-empty directory that is not "
-                "a model directory (no config.json); choose a new or empty directory"
+                f"refusing to write into {str(target)!r}: it is a non-empty directory that is not a model "
+                "directory (no config.json naming a model_type); choose a new or empty directory"
             )
-    with atomic_dir(target) as tmp:
+    holder: list[Path] = []
+
+    def check_shadows() -> None:
+        written = {p.name for p in holder[0].iterdir()}
+        stale = [n for n in _WEIGHTS if n not in written and (target / n).exists()]
+        if stale and written & set(_WEIGHTS):
+            raise FileExistsError(f"refusing to save into {str(target)!r}: its {', '.join(stale)} was not "
+                                  "rewritten by this save and would be loaded instead of (or mixed with) the new "
+                                  "weights; remove it, or choose a new directory")
+
+    with atomic_dir(target, before_swap=check_shadows, in_place=True) as tmp:
+        holder.append(tmp)
         write(tmp)
     return target
 

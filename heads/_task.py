@@ -294,8 +294,10 @@ class TaskHead:
         with the matching ``AutoModelFor...`` / ``AutoTokenizer`` and ``pipeline``. The tokenizer's
         ``model_max_length`` is saved as this head's ``max_length`` (this head's tokenizer object is unchanged).
 
-        Atomic: written to a temporary directory beside ``directory`` and renamed into place. An existing model
-        directory (with config.json) is replaced; any other non-empty directory is refused (FileExistsError).
+        Written to a temporary directory beside ``directory`` first, then moved into place file by file. In an
+        existing model directory (a config.json naming a model_type, e.g. a Hub clone) the files it writes replace
+        theirs and everything else (``.git/``, notes) stays; any other non-empty directory is refused
+        (FileExistsError).
         Same weights give byte-identical safetensors files. On N ranks, call it on the main rank only.
         """
         model, tokenizer, max_length = self.model, self.tokenizer, self.max_length

@@ -145,6 +145,22 @@ case("flodl output with a user file, --overwrite", [*TRAIN, "--output-dir", "out
                 text("out/config.json", "{}"), text("out/notes.txt")))
 case("flodl output without --overwrite", [*TRAIN, "--output-dir", "out"], ("pass --overwrite",),
      setup=text("out/.flodl-hf.json", '{"generator": "flodl-hf", "entries": []}'))
+case("output dir holds an eval --json result named metrics.json, --overwrite",
+     [*TRAIN, "--output-dir", "out", "--overwrite"], ("not written by flodl-hf",),
+     setup=many(text("out/metrics.json", '{"generator": "flodl-hf", "kind": "eval", "accuracy": 1}'),
+                text("out/thesis.tex")))
+case("output of an earlier flodl-hf (no marker) with a user file, --overwrite",
+     [*TRAIN, "--output-dir", "out", "--overwrite"], ("holds files flodl-hf did not write (thesis.tex)",),
+     setup=many(text("out/metrics.json", '{"generator": "flodl-hf", "accuracy": 1}'), text("out/config.json", "{}"),
+                text("out/thesis.tex")))
+case("output dir is a flodl-hf checkpoint directory, --overwrite",
+     [*TRAIN, "--output-dir", "c", "--resume", "c", "--checkpoint-dir", "ck2", "--overwrite"],
+     ("--output-dir c is a flodl-hf checkpoint directory, not an output",),
+     setup=many(text("c/.flodl-hf.json", '{"generator": "flodl-hf", "kind": "checkpoint", "created": true, '
+                                        '"entries": ["checkpoint.json"]}'), text("c/checkpoint.json", "{}")))
+case("output dir inside the --resume checkpoint", [*TRAIN, "--output-dir", "c/out", "--resume", "c",
+                                                   "--checkpoint-dir", "ck2"],
+     ("would write inside the input --resume",), setup=text("c/checkpoint.json", "{}"))
 case("output dir under a file", [*TRAIN, "--output-dir", "afile/out"], ("is a file, not a directory",),
      setup=text("afile"))
 case("output dir name of 300 characters", [*TRAIN, "--output-dir", "o" * 300], ("over the 255", "--output-dir"))

@@ -181,6 +181,11 @@ def test_output_dir_rules(tmp_path):
     (previous / "old.txt").write_text("old")
     with pytest.raises(ValueError, match="already holds a flodl-hf result: pass --overwrite"):
         check_output_dir(previous, overwrite=False)
+    # An output written before markers existed cannot say what it held: a name no run writes may be a user's.
+    with pytest.raises(ValueError, match=r"holds files flodl-hf did not write \(old.txt\)"):
+        check_output_dir(previous, overwrite=True)
+    (previous / "old.txt").unlink()
+    (previous / "README.md").write_text("card")  # what a run writes is accounted for
     with staged_output_dir(previous, overwrite=True) as staging:
         _mark(staging)
         (staging / "new.txt").write_text("new")

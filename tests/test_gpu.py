@@ -12,15 +12,20 @@ from heads import AutoHeadForSequenceClassification
 from test_setup_distributed import _reference, _exact_rank
 
 
-@requires_gpus(1)
-def test_setup_head_trains_on_one_gpu_with_bf16():
+def _head_on_one_gpu(precision: str):
+    """A tiny BERT head set up on cuda:0 at ``precision``, with AdamW; returns (head, graph)."""
     torch.manual_seed(0)
     config = tiny_models.tiny_config("bert", num_labels=2)
     head = AutoHeadForSequenceClassification.from_config(config, tokenizer=tiny_models.tiny_tokenizer("bert"))
     Trainer.setup_head_with(head, lambda dev: AutoHeadForSequenceClassification.on_device(config, 2, dev),
                             lambda p: torch.optim.AdamW(p, lr=3e-3),
-                            DdpConfig(devices=["cuda:0"], precision="bf16", verbose=False))
-    graph = head.graph()
+                            DdpConfig(devices=["cuda:0"], precision=precision, verbose=False))
+    return head, head.graph()
+
+
+@requires_gpus(1)
+def test_setup_head_trains_on_one_gpu_with_bf16():
+    head, graph = _head_on_one_gpu("bf16")
     assert graph.device.type == "cuda" and next(graph.module.parameters()).is_cuda
     graph.set_data_loader(tiny_models.toy_task(256, seed=0), batch_size=16, collate_fn=head.collate)
     losses = []
@@ -31,6 +36,31 @@ def test_setup_head_trains_on_one_gpu_with_bf16():
             graph.step()
             losses.append(loss.item())
     assert sum(losses[-8:]) / 8 < 0.5 * sum(losses[:8]) / 8
+
+
+@requires_gpus(1)
+def test_fp16_on_one_gpu_refuses_an_unscaled_backward():
+    """GradScaler.step unscales whatever gradients it finds: after a plain loss.backward() that would divide them
+    by the loss scale (65536) and AdamW would barely move, silently. graph.step() refuses instead."""
+    import pytest
+
+    head, graph = _head_on_one_gpu("fp16")
+    graph.set_data_loader(tiny_models.toy_task(64, seed=0), batch_size=16, collate_fn=head.collate)
+    batches = iter(graph.epoch(0))
+    enc, labels = next(batches)
+    before = [p.detach().clone() for p in graph.module.parameters()]
+    head.compute_loss(enc, labels).backward()
+    with pytest.raises(ValueError, match=r"call graph.backward\(loss\) instead"):
+        graph.step()
+    assert all(torch.equal(p, q) for p, q in zip(graph.module.parameters(), before))
+    for enc, labels in batches:  # the scaled path still trains (a step GradScaler skips on overflow is fine)
+        graph.backward(head.compute_loss(enc, labels))
+        graph.step()
+    for epoch in range(1, 4):
+        for enc, labels in graph.epoch(epoch):
+            graph.backward(head.compute_loss(enc, labels))
+            graph.step()
+    assert any(not torch.equal(p, q) for p, q in zip(graph.module.parameters(), before))
 
 
 @requires_gpus(2)

@@ -260,8 +260,8 @@ def test_save_refuses_a_foreign_non_empty_directory(head, tmp_path):
     (foreign / "thesis.txt").write_text("precious")
     with pytest.raises(
         FileExistsError,
-        match=r"refusing to overwrite '.*my_documents': it is a non-empty directory "
-        r"that is not a model directory \(no config\.json\)",
+        match=r"refusing to write into '.*my_documents': it is a non-empty directory "
+        r"that is not a model directory \(no config\.json naming a model_type\)",
     ):
         head.save_pretrained(foreign)
     assert [p.name for p in foreign.iterdir()] == ["thesis.txt"]

@@ -75,15 +75,15 @@ def test_default_labels_are_written_explicitly(tmp_path):
     assert config["label2id"] == {"LABEL_0": 0, "LABEL_1": 1}
 
 
-def test_save_replaces_an_existing_model_directory(tmp_path):
+def test_save_replaces_the_files_of_an_existing_model_directory_and_keeps_the_rest(tmp_path):
     head = trained_looking_head("bert")
     target = tmp_path / "model"
     head.save_pretrained(target)
-    (target / "stale_extra.bin").write_bytes(b"old")
+    (target / "user_extra.bin").write_bytes(b"not ours")  # a file the save does not write is never deleted
     with torch.no_grad():
         head.model.classifier.bias.fill_(3.0)
     head.save_pretrained(target)
-    assert not (target / "stale_extra.bin").exists()
+    assert (target / "user_extra.bin").read_bytes() == b"not ours"
     assert torch.equal(load_file(str(target / "model.safetensors"))["classifier.bias"], torch.full((3,), 3.0))
     assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no temporary or old directories left
 

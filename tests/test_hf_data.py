@@ -16,6 +16,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+from cli_helpers import one_error
 from tiny_models import make_checkpoint, toy_task
 
 from flodl_hf import cli
@@ -42,14 +43,6 @@ def class_dataset(rows, names, ids_of=None) -> datasets.Dataset:
 def cli_run(*argv, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "flodl_hf", *map(str, argv)], env=ENV, text=True,
                           capture_output=True, timeout=300, cwd=cwd)
-
-
-def one_error(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
-    assert "Traceback" not in result.stderr, result.stderr[-2000:]
-    lines = [line for line in result.stderr.splitlines() if line.startswith("flodl-hf: error: ")]
-    assert len(lines) == 1, result.stderr[-2000:]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

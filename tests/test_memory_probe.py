@@ -15,6 +15,7 @@ import torch
 import tiny_models
 from dist_helpers import run_ranks, values
 from flodl_hf import DdpConfig, Trainer
+from flodl_hf import memory_probe
 from flodl_hf.memory_probe import OUT_OF_MEMORY, largest_fitting, probe_micro_batch
 from heads import AutoHeadForSequenceClassification
 
@@ -119,3 +120,17 @@ def test_cli_takes_auto_or_a_positive_cap_and_passes_it_to_the_engine():
             parser.parse_args(["train", "--max-micro-batch", bad])
     with pytest.raises(ValueError, match="or 'auto'"):
         DdpConfig(max_micro_batch="big")
+
+
+def test_the_optimizer_reserve_counts_two_states_per_trainable_parameter():
+    """What the CUDA probe holds back for AdamW's exp_avg / exp_avg_sq (created at the first step, after the
+    probe): two tensors the size of every trainable parameter; frozen parameters get no state."""
+    model = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.Linear(20, 3))
+    model[0].weight.requires_grad_(False)
+    trainable = 20 + 20 * 3 + 3
+    assert memory_probe.optimizer_reserve_bytes(model) == 2 * 4 * trainable
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    model(torch.randn(4, 10)).sum().backward()
+    opt.step()
+    state = sum(t.numel() * t.element_size() for s in opt.state.values() for k, t in s.items() if k != "step")
+    assert state == memory_probe.optimizer_reserve_bytes(model)

@@ -156,7 +156,9 @@ def _failing_rank(rank: int, world: int, mode: str):
 
     torch.manual_seed(0)
     graph = Graph(_mlp())
-    Trainer.setup_with(graph, lambda dev: _mlp(), _sgd, DdpConfig(verbose=False, timeout_s=20))
+    # "anchors": two El Che schedulers that decided differently (here forced): windows close at different counts
+    anchor = {"anchor": 2 + rank} if mode == "anchors" else {}
+    Trainer.setup_with(graph, lambda dev: _mlp(), _sgd, DdpConfig(verbose=False, timeout_s=20, **anchor))
     x, y = _data(64)
     steps = 6 if (mode == "uneven" and rank == 0) else 5
     for i in range(steps):
@@ -175,6 +177,7 @@ def _failing_rank(rank: int, world: int, mode: str):
     ("raise", "rank 1 failed"),
     ("exit", "rank(s) [1] vanished"),
     ("uneven", "different numbers of steps"),
+    ("anchors", "after different numbers of micro-batches [2, 3]"),
 ])
 def test_rank_failure_stops_the_others(mode, expect):
     start = time.monotonic()
@@ -184,6 +187,8 @@ def test_rank_failure_stops_the_others(mode, expect):
     assert status == "error", results
     assert expect in message
     assert "DistributedError" in message
+    if mode == "anchors":  # both ranks see it: neither goes on with a diverged update
+        assert results[1][0] == "error" and expect in results[1][1], results
 
 
 def test_single_device_has_no_runtime():
@@ -272,3 +277,61 @@ def test_padded_final_step_is_exact():
         assert steps == 4
         for p, q in zip(params, model.parameters()):
             torch.testing.assert_close(p, q.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_an_optimizer_over_other_parameters_than_the_replicas_is_refused():
+    """A factory that groups the user's own model's parameters by name would step tensors nothing trains (the
+    replica is a new module): the run would finish without learning. Refused, on one device as on N."""
+    torch.manual_seed(0)
+    model = _mlp()
+    graph = Graph(model)
+    names = [n for n, _ in model.named_parameters()]
+
+    def by_name_from_the_wrong_module(ps):
+        return torch.optim.AdamW([{"params": [p for n, p in model.named_parameters() if "bias" not in n]},
+                                  {"params": [p for n, p in model.named_parameters() if "bias" in n],
+                                   "weight_decay": 0.0}])
+
+    with pytest.raises(ValueError, match=r"over 6 parameter\(s\) that are not those it was given"):
+        Trainer.setup_with(graph, lambda dev: _mlp(), by_name_from_the_wrong_module, DdpConfig(verbose=False))
+
+    def by_name_from_the_given(ps):  # the fix the message gives: the names zipped with what the factory receives
+        ps = list(ps)
+        return torch.optim.AdamW([{"params": [p for n, p in zip(names, ps) if "bias" not in n]},
+                                  {"params": [p for n, p in zip(names, ps) if "bias" in n], "weight_decay": 0.0}])
+
+    graph = Graph(_mlp())
+    Trainer.setup_with(graph, lambda dev: _mlp(), by_name_from_the_given, DdpConfig(verbose=False))
+    x, y = _data(8)
+    before = [p.detach().clone() for p in graph.module.parameters()]
+    torch.nn.functional.cross_entropy(graph.module(x), y).backward()
+    graph.step()
+    assert all(not torch.equal(a, b) for a, b in zip(before, graph.module.parameters()))
+
+
+def _batch_rank(rank: int, world: int):
+    torch.manual_seed(0)
+    graph = Graph(_mlp())
+    Trainer.setup_with(graph, lambda dev: _mlp(), _sgd, DdpConfig(verbose=False, timeout_s=20))
+    x, y = _data(48)
+    before = [p.detach().clone() for p in graph.module.parameters()]
+    def collate(items):
+        return torch.stack([a for a, _ in items]), torch.stack([b for _, b in items])
+
+    graph.set_data_loader(list(zip(x, y)), batch_size=4 if rank == 0 else 2, collate_fn=collate)
+    try:
+        for xb, yb in graph.epoch(0):
+            torch.nn.functional.cross_entropy(graph.module(xb), yb).backward()
+            graph.step()
+    except Exception as exc:  # noqa: BLE001 - returned to the test with the parameters it left
+        unchanged = all(torch.equal(a, b) for a, b in zip(before, graph.module.parameters()))
+        return f"{type(exc).__name__}: {exc}", unchanged
+    return "no error", False
+
+
+def test_ranks_with_different_batch_sizes_stop_before_any_update():
+    """A natural reflex on mixed devices (a smaller batch on the slower one) would make each rank's plan cut the
+    data differently; the first window end refuses it, naming the sizes, before any optimizer step."""
+    for message, unchanged in values(run_ranks(_batch_rank, 2, timeout=60)):
+        assert "DistributedError" in message and "different batch sizes [4, 2]" in message, message
+        assert unchanged

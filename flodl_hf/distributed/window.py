@@ -49,14 +49,19 @@ from .clock import ComputeClock
 from .collectives import broadcast_tensors
 from .context import DistContext, DistributedError, missing_ranks, side_group
 from .window_grads import WindowGrads, micro_batch_weight
+from .grad_guard import GradGuard
 from .window_overlap import Arming, OverlapHooks
 
 __all__ = ["WindowRuntime", "close_all", "mark_failed"]
 
 _STEP, _FINISHED, _FAILED = 0.0, 1.0, 2.0
-# Fixed metadata slots, one per rank each.
-(_COMPUTE, _SAMPLES, _SYNC, _INDEX, _FLAG, _DENOM, _REDUCTION, _FRONTIER, _USER, _GRADSQ) = range(10)
-_SLOTS = 10
+# Fixed metadata slots, one per rank each. _REDSQ: the previous window's |reduced gradient|^2 (El Che reads rank 0's,
+# so a figure each rank computes with its own kernels reaches every El Che identical); _MICRO: this window's
+# micro-batches (checked equal: ranks whose El Che decided differently must stop, not drift apart); _BATCH: the
+# batch_size given to set_data_loader (checked equal: each rank's plan would otherwise cut the data differently).
+(_COMPUTE, _SAMPLES, _SYNC, _INDEX, _FLAG, _DENOM, _REDUCTION, _FRONTIER, _USER, _GRADSQ, _REDSQ, _MICRO,
+ _BATCH) = range(13)
+_SLOTS = 13
 # Strong references: a runtime must still be able to tell its peers "failed" after the user's objects are gone.
 _OPEN: list["WindowRuntime"] = []
 _PROCESS_FAILED = False
@@ -119,12 +124,15 @@ class WindowRuntime:
         # device needs each one's time at once (host clock)
         self.clock = ComputeClock(ctx.device, events=self.speed >= 1.0)
         self._last_sync_ms = 0.0
+        self._reduced_sq: Optional[float] = None  # the last window's |reduced gradient|^2 (sent in the next one)
+        self._noise_prev: Optional[tuple[list[float], list[float], int]] = None  # its agreed norms, items, micro
         self._user_flags = 0
         self.agreed_flags = 0
         self._items: Optional[tuple[float, str]] = None
         self._peek: Optional[Callable[[], Optional[tuple[int, bool]]]] = None  # the plan step being computed
         self._presleep = (0.0, 0.0)  # simulated speed: (host seconds, sleep) already stretched mid-backward
         self.overlap: Optional[OverlapHooks] = OverlapHooks(self.grads, self._arm) if config.overlap else None
+        self.guard = GradGuard(self.params)  # edits of p.grad and loop-made accumulation: refused, never averaged
         self._reset_window()
         _OPEN.append(self)
         _install_excepthook()
@@ -136,7 +144,11 @@ class WindowRuntime:
 
     def paused_overlap(self) -> Any:
         """A context in which backward passes are not training micro-batches (the memory probe)."""
-        return self.overlap.paused() if self.overlap is not None else contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.guard.paused())
+        if self.overlap is not None:
+            stack.enter_context(self.overlap.paused())
+        return stack
 
     def _agreed_layout(self) -> list[bool]:
         """Parameters trainable on some rank at setup (one-off all-reduce, so every rank builds the same buckets)."""
@@ -279,6 +291,7 @@ class WindowRuntime:
         did not come from the graph's plan (then it weighs 1 and never forces a window end)."""
         if self._closed:
             raise DistributedError("graph.step() after graph.close(): this rank already told the others it finished")
+        self.guard.check(graph.drawn_ahead())
         elapsed = self.clock.stop()  # None with CUDA events: added at the window end
         if elapsed is not None:
             if self.speed < 1.0:  # SIMULATION: wait as a slower device would
@@ -307,6 +320,8 @@ class WindowRuntime:
         if counts:
             self._denominator += weight
         self.grads.accumulate(weight, counts=counts, skip=skip)
+        self.guard.reset()
+        self.guard.install()
         self._samples += samples if samples is not None else 1
         force = planned[1] if planned is not None else False
         if self._micro_batches < self._window_anchor and not force:
@@ -334,7 +349,10 @@ class WindowRuntime:
                             (_DENOM, float(self._denominator)),
                             (_REDUCTION, 1.0 if self._reduction == "sum" else 0.0),
                             (_FRONTIER, float(self._drawn)), (_USER, float(self._user_flags)),
-                            (_GRADSQ, self._grad_sq)):
+                            (_GRADSQ, self._grad_sq),
+                            (_REDSQ, -1.0 if self._reduced_sq is None else self._reduced_sq),
+                            (_MICRO, float(self._micro_batches)),
+                            (_BATCH, float(self.batch_size or 0))):
             meta[slot * w + r] = value
         return meta
 
@@ -398,6 +416,17 @@ class WindowRuntime:
         if len(set(indices)) != 1:
             raise DistributedError(f"ranks are out of step: window indices {indices}; every rank must call "
                                    "graph.step() the same number of times")
+        batch = [int(x) for x in self._slot(m, _BATCH)]
+        if len(set(batch)) != 1:
+            raise DistributedError(f"ranks gave graph.set_data_loader different batch sizes {batch}: give every rank "
+                                   "the same batch_size (El Che splits the global batch of world x batch_size by "
+                                   "speed itself; DdpConfig(batch_sizes=[...]) fixes a split by hand)")
+        micro = [int(x) for x in self._slot(m, _MICRO)]
+        if len(set(micro)) != 1:
+            raise DistributedError(f"ranks closed window {self.window_index} after different numbers of "
+                                   f"micro-batches {micro}: their El Che schedulers disagree, so their updates would "
+                                   "drift apart; this is a flodl-hf bug (please report it), or set "
+                                   "DdpConfig(fixed_anchor=...)")
         reductions = {int(x) for x in self._slot(m, _REDUCTION)}
         if len(reductions) != 1:
             raise DistributedError("ranks declared different loss reductions in one window (graph.loss_items with "
@@ -407,10 +436,12 @@ class WindowRuntime:
     def _close_window(self, graph: Any) -> None:
         # The lock keeps a prefetch thread from drawing between the frontier exchange and the new plan's install.
         with self._lock:
+            # The buckets not started yet go first (before the local norm: it is measured bucket by bucket as they
+            # start), then the wait for the GPU's last micro-batch: on CUDA that wait would otherwise hold them back.
+            self._launch_rest()
             self._compute_s += self.clock.pending_seconds()
             t0 = time.perf_counter()
             noise = self.el_che is not None and self.el_che.enabled and self._reduction != "sum"
-            self._launch_rest()  # before the local norm: it is measured bucket by bucket as they start
             if noise and self._denominator > 0:
                 self._grad_sq = self.grads.local_sq_norm() / (self._denominator * self._denominator)
             m, presence, trainable = self._exchange(_STEP)
@@ -448,19 +479,28 @@ class WindowRuntime:
             micro = int(self._micro_batches)
             graph.apply_optimizer_step(micro_steps=micro)
             if self.el_che is not None:
-                self._report(m, micro, reduced_sq)
+                self._report(m, micro, noise)
+            self._reduced_sq = reduced_sq
             self._last_sync_ms = sync_ms
             self.window_index += 1
             self._reset_window()
 
-    def _report(self, m: torch.Tensor, micro: int, reduced_sq: Optional[float]) -> None:
-        """Feed El Che the window's figures; install its next split from the first step no rank has drawn."""
+    def _report(self, m: torch.Tensor, micro: int, noise_on: bool) -> None:
+        """Feed El Che the window's figures; install its next split from the first step no rank has drawn.
+
+        Every figure comes from the metadata, identical on every rank. The gradient-noise figures lag one window:
+        the reduced gradient's norm is computed by each rank with its own kernels (GPUs of different models need
+        not agree to the last bit), so rank 0's value travels in the next window's metadata, and the previous
+        window's per-rank norms wait for it here."""
         el_che = self.el_che
         anchor_before = el_che.anchor
         noise: dict[str, Any] = {}
-        if reduced_sq is not None:
-            noise = {"grad_sq": self._slot(m, _GRADSQ), "grad_items": self._slot(m, _DENOM),
-                     "reduced_grad_sq": reduced_sq}
+        reduced = self._slot(m, _REDSQ)[0]
+        if self._noise_prev is not None and reduced >= 0:
+            grad_sq, items, prev_micro = self._noise_prev
+            noise = {"grad_sq": grad_sq, "grad_items": items, "reduced_grad_sq": reduced,
+                     "noise_micro_batches": prev_micro}
+        self._noise_prev = (self._slot(m, _GRADSQ), self._slot(m, _DENOM), micro) if noise_on else None
         el_che.report(self._slot(m, _COMPUTE), self._slot(m, _SAMPLES), min(self._slot(m, _SYNC)),
                       micro_batches=micro, **noise)
         frontiers = [int(f) for f in self._slot(m, _FRONTIER)]
@@ -492,6 +532,7 @@ class WindowRuntime:
         self._closed = True
         if self in _OPEN:
             _OPEN.remove(self)
+        self.guard.remove()
         if self.overlap is not None:
             self.overlap.remove()
         self._reset_window(keep_launches=True)  # the peers expect the launch order to go on from here

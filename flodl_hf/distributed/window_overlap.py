@@ -12,9 +12,9 @@ The update is unchanged: the same buffers receive the same ``d * grad`` terms, o
 differ is refused instead of being silently wrong:
 
 - a second backward pass in the same micro-batch that reaches a parameter whose bucket is already on the wire;
-- ``p.grad`` changed between ``backward()`` and ``graph.step()`` (checked by tensor identity, version counter and
-  a sampled fingerprint that also sees edits through ``.data``; clip with ``DdpConfig.max_grad_norm``, which clips
-  the reduced gradient);
+- ``p.grad`` changed between ``backward()`` and ``graph.step()`` through ``.data`` (a sampled fingerprint of the
+  buckets started early; edits the version counter sees are refused for every parameter, overlap or not, by
+  ``grad_guard``; clip with ``DdpConfig.max_grad_norm``, which clips the reduced gradient);
 - ``graph.loss_items(...)`` declared after the backward pass with a different count than the weight used.
 
 A micro-batch is armed only when it is known to close the window: its plan step ends a window, or it fills the
@@ -24,12 +24,12 @@ for ``graph.step()``: correct, just not overlapped.
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from .context import DistributedError
+from .param_hooks import ParamHooks
 
 __all__ = ["OverlapHooks"]
 
@@ -48,44 +48,14 @@ def _fingerprint(grad: torch.Tensor) -> torch.Tensor:
 Arming = Optional[tuple[float, bool, bool]]
 
 
-class OverlapHooks:
+class OverlapHooks(ParamHooks):
     """Per-rank hooks that launch a window's buckets during its last backward pass."""
 
     def __init__(self, grads: Any, arm: Callable[[], Arming]) -> None:
         self.grads = grads
         self._arm = arm  # decides, at the first gradient of a micro-batch, whether it closes the window
-        self._handles: dict[int, Any] = {}
-        self._paused = 0
         self.launched_early = 0  # buckets started during a backward pass, over the run (for tests and figures)
-        self.install()
-        self.reset()
-
-    # --- hooks --------------------------------------------------------------------------------------------
-    def install(self) -> None:
-        """Hook every parameter that requires grad and has no hook yet (unfrozen ones join at the next step)."""
-        for i, p in enumerate(self.grads.params):
-            if i not in self._handles and p.requires_grad:
-                self._handles[i] = p.register_post_accumulate_grad_hook(self._hook(i))
-
-    def remove(self) -> None:
-        for handle in self._handles.values():
-            handle.remove()
-        self._handles.clear()
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """No arming inside (a memory probe's backward passes are not training micro-batches)."""
-        self._paused += 1
-        try:
-            yield
-        finally:
-            self._paused -= 1
-            self.reset()  # the probe's passes decided nothing about the next micro-batch
-
-    def _hook(self, i: int) -> Callable[[torch.Tensor], None]:
-        def fired(param: torch.Tensor) -> None:
-            self._fired(i, param)
-        return fired
+        super().__init__(grads.params)
 
     # --- per micro-batch ----------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -106,7 +76,7 @@ class OverlapHooks:
         self._waiting = {b: {i for i in self.grads.members[b] if params[i].requires_grad}
                          for b in range(len(self.grads.buffers))}
 
-    def _fired(self, i: int, param: torch.Tensor) -> None:
+    def _on_grad(self, i: int, param: torch.Tensor) -> None:
         if self.armed is None:
             self._decide()
         if not self.armed:
@@ -166,9 +136,10 @@ class OverlapHooks:
             changed = [keys[k] for k in differs]
         if changed:
             raise DistributedError(
-                f"parameter #{changed[0]}'s gradient was changed between backward() and graph.step() after it had "
-                "started its all-reduce (DdpConfig(overlap=True)); the change would be lost. Clip with "
-                "DdpConfig(max_grad_norm=...) (it clips the reduced gradient), or set DdpConfig(overlap=False)")
+                f"parameter #{changed[0]}'s gradient was changed between backward() and graph.step() (through "
+                "its .data) after it had started its all-reduce; on N ranks an edit of each rank's own gradient "
+                "never equals the one-device edit of the averaged one. Clip with DdpConfig(max_grad_norm=...) (it "
+                "clips the reduced gradient); express other changes in the loss")
         for i in self.added:
             self.grads.params[i].grad = None
         return frozenset(self.added)

@@ -37,6 +37,8 @@ def check_train(settings: Any, sources: Any) -> Path:
     if settings.eval_data is not None:
         inputs.append(("--eval-data", Path(settings.eval_data)))
     ownership.check_disjoint([("--output-dir", output), ("--checkpoint-dir", checkpoint_dir)], inputs)
+    if settings.resume:  # the checkpoint resumed from is an input of the output (it may be the checkpoint dir)
+        ownership.check_disjoint([("--output-dir", output)], [("--resume", Path(settings.resume))])
     resuming = bool(settings.resume) and checkpoint_dir.resolve() == Path(settings.resume).resolve()
     if settings.resume and not Path(settings.resume).exists():
         raise FileNotFoundError(f"--resume {settings.resume}: no such checkpoint directory: pass the directory an "

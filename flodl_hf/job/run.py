@@ -204,7 +204,7 @@ def _run(settings: TrainSettings, head_cls: Any, sources: "_Sources", started: f
     if main:
         if settings.overwrite and (saved is None or checkpoint_dir.resolve() != Path(settings.resume).resolve()):
             remove_job_checkpoint(checkpoint_dir)  # --overwrite: a previous run's checkpoint (ours only) is replaced
-        ownership.adopt_checkpoint_dir(checkpoint_dir)  # marked ours before anything is written there
+        ownership.adopt_checkpoint_dir(checkpoint_dir, settings.report_to == "tensorboard")  # ours before any write
     try:
         return _train_and_write(settings, sources, head, graph, state, plan, checkpoint_dir, dataset, train_ds,
                                 eval_ds, steps, total, started, say)

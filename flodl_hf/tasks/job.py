@@ -217,7 +217,7 @@ def _run(ts: TaskSettings, head_cls: Any, sources: _Sources, checkpoint_dir: Pat
     if main:
         if settings.overwrite and (saved is None or checkpoint_dir.resolve() != Path(settings.resume).resolve()):
             remove_job_checkpoint(checkpoint_dir)
-        ownership.adopt_checkpoint_dir(checkpoint_dir)
+        ownership.adopt_checkpoint_dir(checkpoint_dir, ts.train.report_to == "tensorboard")
     try:
         return _train_and_write(ts, sources, head, graph, state, plan, checkpoint_dir, dataset, train_rows,
                                 eval_rows, steps, total, started, say, saved)

@@ -90,10 +90,10 @@ def _squad_document(path: Path, encoding: Optional[str]) -> Optional[dict]:
     """The parsed document when ``path`` is a SQuAD-shaped ``.json`` file, else None."""
     if path.suffix.lower() != ".json" or not path.is_file():
         return None
-    from ..datasources import _decode
+    from ..datasources import _decode, load_json
 
-    try:
-        data = json.loads(_decode(path.read_bytes(), encoding, str(path)))
+    try:  # the data readers' rules: repeated keys, too deep nesting, too long integers are refused naming the file
+        data = load_json(_decode(path.read_bytes(), encoding, str(path)), str(path))
     except json.JSONDecodeError:
         return None  # JSON lines in a .json file: the column reader handles it
     if isinstance(data, dict) and isinstance(data.get("data"), list) and any(
