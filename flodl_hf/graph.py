@@ -289,6 +289,7 @@ class Graph:
                 from .memory_probe import probe_graph_caps
 
                 probe_graph_caps(self, dataset, batch_size, collate_fn)
+            self._runtime.plan_data = (len(dataset), int(self._seed or 0) % (1 << 24))
             self._runtime.set_batch_size(batch_size)
         if self._resume_steps is not None:
             self.resume_from(self._resume_steps)

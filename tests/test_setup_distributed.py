@@ -309,16 +309,19 @@ def test_an_optimizer_over_other_parameters_than_the_replicas_is_refused():
     assert all(not torch.equal(a, b) for a, b in zip(before, graph.module.parameters()))
 
 
-def _batch_rank(rank: int, world: int):
+def _plan_rank(rank: int, world: int, what: str):
     torch.manual_seed(0)
     graph = Graph(_mlp())
     Trainer.setup_with(graph, lambda dev: _mlp(), _sgd, DdpConfig(verbose=False, timeout_s=20))
     x, y = _data(48)
     before = [p.detach().clone() for p in graph.module.parameters()]
+
     def collate(items):
         return torch.stack([a for a, _ in items]), torch.stack([b for _, b in items])
 
-    graph.set_data_loader(list(zip(x, y)), batch_size=4 if rank == 0 else 2, collate_fn=collate)
+    rows = list(zip(x, y))[:40] if (what == "rows" and rank == 1) else list(zip(x, y))
+    graph.set_data_loader(rows, batch_size=2 if (what == "batch" and rank == 1) else 4, collate_fn=collate,
+                          seed=rank if what == "seed" else None)
     try:
         for xb, yb in graph.epoch(0):
             torch.nn.functional.cross_entropy(graph.module(xb), yb).backward()
@@ -329,9 +332,15 @@ def _batch_rank(rank: int, world: int):
     return "no error", False
 
 
-def test_ranks_with_different_batch_sizes_stop_before_any_update():
-    """A natural reflex on mixed devices (a smaller batch on the slower one) would make each rank's plan cut the
-    data differently; the first window end refuses it, naming the sizes, before any optimizer step."""
-    for message, unchanged in values(run_ranks(_batch_rank, 2, timeout=60)):
-        assert "DistributedError" in message and "different batch sizes [4, 2]" in message, message
+@pytest.mark.parametrize("what,expect", [
+    ("batch", "different batch sizes [4, 2]"),
+    ("rows", "datasets of [48, 40] rows"),
+    ("seed", "plan seeds [0, 1]"),
+])
+def test_ranks_with_different_data_plans_stop_before_any_update(what, expect):
+    """A natural reflex on mixed devices (a smaller batch on the slower one), a rank-local shard or seed would make
+    each rank's plan cut the data differently; the first window end refuses it, naming the values, before any
+    optimizer step."""
+    for message, unchanged in values(run_ranks(_plan_rank, 2, what, timeout=60)):
+        assert "DistributedError" in message and expect in message, message
         assert unchanged

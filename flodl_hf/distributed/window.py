@@ -58,10 +58,11 @@ _STEP, _FINISHED, _FAILED = 0.0, 1.0, 2.0
 # Fixed metadata slots, one per rank each. _REDSQ: the previous window's |reduced gradient|^2 (El Che reads rank 0's,
 # so a figure each rank computes with its own kernels reaches every El Che identical); _MICRO: this window's
 # micro-batches (checked equal: ranks whose El Che decided differently must stop, not drift apart); _BATCH: the
-# batch_size given to set_data_loader (checked equal: each rank's plan would otherwise cut the data differently).
+# batch_size, dataset length and plan seed given to set_data_loader (checked equal: each rank's plan would otherwise
+# cut the data differently, and ranks would train on overlapping samples).
 (_COMPUTE, _SAMPLES, _SYNC, _INDEX, _FLAG, _DENOM, _REDUCTION, _FRONTIER, _USER, _GRADSQ, _REDSQ, _MICRO,
- _BATCH) = range(13)
-_SLOTS = 13
+ _BATCH, _ROWS, _SEED) = range(15)
+_SLOTS = 15
 # Strong references: a runtime must still be able to tell its peers "failed" after the user's objects are gone.
 _OPEN: list["WindowRuntime"] = []
 _PROCESS_FAILED = False
@@ -113,6 +114,7 @@ class WindowRuntime:
         self.float_buffers = [b for b in module.buffers() if b.is_floating_point()]
         self.el_che: Optional[ElChe] = None
         self.batch_size: Optional[int] = None
+        self.plan_data = (0, 0)  # (dataset rows, plan seed mod 2**24) of graph.set_data_loader, checked equal
         self.probed_caps: Optional[list[int]] = None  # DdpConfig(max_micro_batch="auto"), once probed
         self.speed = 1.0 if config.simulate_speeds is None else float(config.simulate_speeds[self.rank])
         self.window_index = 0
@@ -352,7 +354,8 @@ class WindowRuntime:
                             (_GRADSQ, self._grad_sq),
                             (_REDSQ, -1.0 if self._reduced_sq is None else self._reduced_sq),
                             (_MICRO, float(self._micro_batches)),
-                            (_BATCH, float(self.batch_size or 0))):
+                            (_BATCH, float(self.batch_size or 0)),
+                            (_ROWS, float(self.plan_data[0])), (_SEED, float(self.plan_data[1]))):
             meta[slot * w + r] = value
         return meta
 
@@ -421,6 +424,12 @@ class WindowRuntime:
             raise DistributedError(f"ranks gave graph.set_data_loader different batch sizes {batch}: give every rank "
                                    "the same batch_size (El Che splits the global batch of world x batch_size by "
                                    "speed itself; DdpConfig(batch_sizes=[...]) fixes a split by hand)")
+        rows, seeds = [int(x) for x in self._slot(m, _ROWS)], [int(x) for x in self._slot(m, _SEED)]
+        if len(set(rows)) != 1 or len(set(seeds)) != 1:
+            what = f"datasets of {rows} rows" if len(set(rows)) != 1 else f"plan seeds {seeds} (mod 2**24)"
+            raise DistributedError(f"ranks gave graph.set_data_loader {what}: every rank must pass the same dataset "
+                                   "(same rows, same order) and the same seed, and graph.epoch() gives each rank its "
+                                   "own disjoint share; do not shard or shuffle the data per rank yourself")
         micro = [int(x) for x in self._slot(m, _MICRO)]
         if len(set(micro)) != 1:
             raise DistributedError(f"ranks closed window {self.window_index} after different numbers of "
