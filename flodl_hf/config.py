@@ -136,9 +136,9 @@ class DdpConfig:
     overlap: bool = True
     """Setup mode on N ranks: start the window-end all-reduce bucket by bucket during the last micro-batch's
     backward pass, as torch DDP does, instead of after it. The update is identical either way. With it on, a
-    micro-batch runs one backward pass, and ``p.grad`` must not be changed between ``backward()`` and
-    ``graph.step()`` (clip with ``max_grad_norm``); both are refused with a clear error. False: reduce after the
-    backward pass."""
+    micro-batch runs one backward pass (a second one reaching a bucket already sent is refused with a clear
+    error). False: reduce after the backward pass. Either way ``p.grad`` must not be changed between
+    ``backward()`` and ``graph.step()`` (clip with ``max_grad_norm``): refused on every rank."""
 
     extra: dict = field(default_factory=dict)
     """Free-form settings carried along (recorded in model cards)."""
