@@ -67,6 +67,11 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 1
         for r in range(world):
             path = Path(out) / f"rank{r}.pkl"
             results.append(pickle.loads(path.read_bytes()) if path.exists() else ("missing", procs[r].exitcode))
+        # A rank that wrote its result must also exit cleanly: an abort at interpreter teardown (e.g. "terminate
+        # called without an active exception", exit code -6) would make torchrun report a finished job as failed.
+        aborted = [(r, p.exitcode) for r, p in enumerate(procs) if results[r][0] != "missing" and p.exitcode != 0]
+        if aborted:
+            raise AssertionError(f"ranks wrote their results but exited with codes {aborted} (an abort at exit)")
         return results
 
 
