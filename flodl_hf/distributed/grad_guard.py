@@ -32,10 +32,6 @@ __all__ = ["GradGuard"]
 class GradGuard(ParamHooks):
     """Per-rank hooks recording each micro-batch's gradients, checked at ``graph.step()``."""
 
-    def __init__(self, params: list[torch.nn.Parameter]) -> None:
-        self.params = params
-        super().__init__(params)
-
     def reset(self) -> None:
         """Forget the micro-batch (after ``graph.step()`` took its gradients)."""
         self.seen: dict[int, list] = {}  # parameter -> [backward passes, the grad it left, its version]
@@ -56,7 +52,7 @@ class GradGuard(ParamHooks):
         drawn but not yet stepped (read-ahead, or a loop accumulating over batches)."""
         if self._paused:
             return
-        for i, (passes, grad, version) in self.seen.items():
+        for i, (_, grad, version) in self.seen.items():
             current = self.params[i].grad
             if current is not grad or (grad is not None and grad._version != version):
                 raise DistributedError(self._changed(i, "was changed between backward() and graph.step()"))

@@ -19,7 +19,7 @@ class ParamHooks:
     """Base: subclasses define ``_on_grad(i, param)`` and ``reset()``."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter]) -> None:
-        self.hooked_params = params
+        self.params = params
         self._handles: dict[int, Any] = {}
         self._paused = 0
         self.install()
@@ -33,7 +33,7 @@ class ParamHooks:
 
     def install(self) -> None:
         """Hook every parameter that requires grad and has no hook yet (unfrozen ones join at the next step)."""
-        for i, p in enumerate(self.hooked_params):
+        for i, p in enumerate(self.params):
             if i not in self._handles and p.requires_grad:
                 self._handles[i] = p.register_post_accumulate_grad_hook(self._hook(i))
 
