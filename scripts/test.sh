@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # The test suite: everything except GPU-only tests (the `gpu` marker), on CPU with real gloo ranks.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow and not gpu"` for the quick subset.
+# `bash scripts/test.sh --latest [pytest args]`: the same suite against the newest releases pyproject.toml admits
+# (its own environment, .venv-latest) instead of the tested versions in constraints.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --latest ]; then
+  shift
+  export FLODL_HF_LATEST=1
+fi
 bash scripts/bootstrap.sh test
-venv="${FLODL_HF_VENV:-.venv}"
+if [ "${FLODL_HF_LATEST:-0}" = 1 ]; then venv="${FLODL_HF_VENV:-.venv-latest}"; else venv="${FLODL_HF_VENV:-.venv}"; fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(-m "not gpu")

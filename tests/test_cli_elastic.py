@@ -27,14 +27,24 @@ from heads import AutoHeadForSequenceClassification
 
 from test_cli import single_thread_module  # noqa: E402,F401 - one torch thread
 
-ROWS, BATCH, EPOCHS = 160, 4, 4
+ROWS, BATCH, EPOCHS = 160, 4, 8
+# Why the accuracy band holds (its margin). The tiny BERT sits on a loss plateau near ln 2 before it learns the task,
+# and when it leaves it is chaotic: any perturbation (another device count, another dropout draw, another CPU's
+# floating-point path) moves it. The band therefore needs settings in which every trajectory leaves the plateau long
+# before the LR decays. The old ones (lr 1e-2, 4 epochs) did not: uninterrupted runs with seeds 1-5 ended at 0.525,
+# 0.975, 0.925, 0.5, 1.0, and a fresh clone's 2 -> 1 case ended at 0.725 (issue 24). Measured for these settings
+# (lr 3e-3, 8 epochs, warmup 0.1), 8 seeds x (the uninterrupted run + the three resumes) = 32 runs: every run reached
+# accuracy >= 0.975 (31 of 32 at 1.0), and the 10-step mean training loss fell below 0.3 by 55 % of the run at the
+# latest (median 29 %), so a trajectory may leave the plateau about twice as late as any seen and still pass.
+# What the resume must do exactly is checked without accuracy in test_elastic_exact (LR per step, optimizer state,
+# sample order against a one-process reference).
 
 
 def args(work, out, devices: int) -> list[str]:  # noqa: F811
     root, model = work
     argv = ["train", "--model", str(model), "--data", str(root / "toy.csv"), "--text-column", "review",
             "--label-column", "sentiment", "--batch-size", str(BATCH), "--epochs", str(EPOCHS), "--train-rows",
-            str(ROWS), "--eval-rows", "40", "--lr", "1e-2", "--max-length", "16", "--warmup-ratio", "0.1",
+            str(ROWS), "--eval-rows", "40", "--lr", "3e-3", "--max-length", "16", "--warmup-ratio", "0.1",
             "--no-progress", "--output-dir", str(out)]
     # a fixed anchor of 1: one optimizer step per micro-step whatever the CPU contention (El Che's anchor grows on a
     # loaded machine, leaving too few steps for the accuracy band)
@@ -54,7 +64,7 @@ def _interrupt(work, out, devices: int) -> None:  # noqa: F811
         settings = cli.settings_from_args(cli.build_parser().parse_args(argv))
 
         def log(line: str) -> None:
-            if "checkpoint at step 44 " in line:  # early in epoch 2 (40 steps per epoch on one device)
+            if "checkpoint at step 44 " in line:  # early in epoch 2 of 8 (40 steps per epoch on one device)
                 signal.raise_signal(signal.SIGINT)
 
         with pytest.raises(TrainingInterrupted):
