@@ -36,6 +36,14 @@ class HasGraph(Protocol):
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def _set_lr(group: dict, lr: float) -> None:
+    """Set a param group's LR in place when it is a tensor (capturable / fused optimizers), else replace it."""
+    if isinstance(group["lr"], torch.Tensor):
+        group["lr"].fill_(lr)
+    else:
+        group["lr"] = lr
+
+
 class Graph:
     """One rank's training state: module, optimizer, optional LR scheduler, data loader plan.
 
@@ -76,6 +84,9 @@ class Graph:
         self._pending: deque[tuple[int, int, int, bool, EpochPosition]] = deque()
         self._raised_flags = 0
         self._agreed_flags = 0
+        self._handed = 0  # batches graph.epoch() handed to the loop ...
+        self._stepped = 0  # ... and plan steps graph.step() finished: a rank whose difference differs skipped one
+        self._source_watch: Any = None  # flodl_hf.replica.SourceWatch until the first optimizer step
 
     # --- protocol -------------------------------------------------------------------------------------------
     def graph(self) -> "Graph":
@@ -99,7 +110,6 @@ class Graph:
                 raise ValueError("DdpConfig.precision='fp16' with several ranks is not supported: use 'bf16' "
                                  "(no loss scaling needed) or train on one device")
             self._scaler = torch.amp.GradScaler("cuda")
-        self.module.train()
 
     @property
     def is_distributed(self) -> bool:
@@ -143,6 +153,12 @@ class Graph:
         """Batches of ``graph.epoch()`` drawn but not yet finished by ``graph.step()`` (read-ahead)."""
         return len(self._pending)
 
+    def handed_ahead(self) -> int:
+        """Batches ``graph.epoch()`` handed to the loop that ``graph.step()`` has not finished: the loop's own
+        read-ahead, the same on every rank running the same loop (a prefetch thread's draws do not count). A rank
+        that skipped ``graph.step()`` for a batch (``continue``) has one more; the window end compares them."""
+        return self._handed - self._stepped
+
     def _peek_planned(self) -> Optional[tuple[int, bool]]:
         """(real samples, window end) of the plan step the loop is computing now (what ``step`` will take)."""
         entry = self._pending[0] if self._pending else None
@@ -152,9 +168,12 @@ class Graph:
         """Finish one micro-batch: on one device, optimizer step + zero_grad + scheduler; on N ranks, close the
         El Che window when it is full (reduce, clip, step) and otherwise just accumulate."""
         optimizer = self._require_optimizer()
+        if self._source_watch is not None:
+            self._source_watch.check()
         entry = self._pending.popleft() if self._pending else None
         if entry is not None:
             self._at = entry[4]
+            self._stepped += 1
         elif self._at is not None:  # a batch not drawn from the plan: it stands for the next plan step
             at, g = self._at, self.world_size * self._batch_size
             self._at = EpochPosition(at.epoch, at.steps + 1, min(at.end, at.samples + g), at.end)
@@ -173,6 +192,7 @@ class Graph:
             if self._runtime.micro_batch_done(self, planned):
                 self._agreed_flags = self._runtime.agreed_flags
                 self.training_step += 1
+                self._source_watch = None
             return
         if self.config.max_grad_norm is not None:
             if self._scaler is not None:
@@ -181,8 +201,9 @@ class Graph:
         self.apply_optimizer_step(optimizer)
         self._agreed_flags, self._raised_flags = self._raised_flags, 0
         self.training_step += 1
+        self._source_watch = None
 
-    def loss_items(self, items: float, *, reduction: str = "mean") -> None:
+    def loss_items(self, items: float, *, reduction: str = "mean", loss: Optional[torch.Tensor] = None) -> None:
         """Declare what this micro-batch's loss averaged over, before ``graph.step()``.
 
         ``items``: how many things the loss is a mean over -- samples, tokens whose label is not -100, or the sum
@@ -192,6 +213,14 @@ class Graph:
         loss (weight 1, no division; ``items`` is then informational). Every task head's ``compute_loss`` calls
         this for you; a loop that never calls it is weighted by each micro-batch's sample count. On one device it
         changes nothing.
+
+        ``loss``: the loss tensor the declaration is about. It binds the declaration to that loss's backward pass:
+        it counts only if the backward pass runs through ``loss`` (a loss computed for a mid-training evaluation,
+        for a batch the loop then skips without ``backward()``, or with nothing trainable on its path, declares
+        nothing), and a micro-batch whose only
+        declarations were never backpropagated, with no backward pass at all, weighs 0 (one process would leave
+        that batch out). Every head's ``compute_loss`` binds its declaration. Without ``loss``, the last
+        declaration before ``graph.step()`` counts.
         """
         if reduction not in LOSS_REDUCTIONS:
             raise ValueError(f"reduction={reduction!r} is unknown: use 'mean' (the loss is a mean over `items`) "
@@ -203,8 +232,11 @@ class Graph:
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"items={items!r} is invalid: pass a finite count >= 0 (0 when every label was "
                              "ignored)")
+        if loss is not None and not isinstance(loss, torch.Tensor):
+            raise ValueError(f"loss={type(loss).__name__} is not a tensor: pass the loss tensor the items belong to "
+                             "(or no loss= at all)")
         if self._runtime is not None:
-            self._runtime.set_loss_items(value, reduction)
+            self._runtime.set_loss_items(value, reduction, loss)
 
     def raise_flag(self, index: int) -> None:
         """Raise stop flag ``index`` (0..7) on this rank. After the next optimizer step every rank sees it in
@@ -224,19 +256,31 @@ class Graph:
         else:
             optimizer.step()
 
-    def apply_optimizer_step(self, optimizer: Optional[torch.optim.Optimizer] = None, micro_steps: int = 1) -> None:
+    def apply_optimizer_step(self, optimizer: Optional[torch.optim.Optimizer] = None, micro_steps: int = 1,
+                             window_lrs: Optional[Sequence[float]] = None) -> None:
         """optimizer.step() with the LR scale applied, zero_grad, then the LR scheduler advanced by
         ``micro_steps``: an LR schedule counts micro-steps (batches of ``graph.epoch``), not optimizer steps, so a
         schedule sized by ``graph.total_steps(epochs)`` ends exactly at its last step whatever El Che's anchor does.
+
+        ``window_lrs``: the LRs in force at the window's first micro-batch (N ranks). The step uses them, and the
+        param groups get back the LRs they hold now: a scheduler the loop steps itself after each ``graph.step()``
+        (the habit of every transformers script) moves the LR in the middle of a window, and the window must not
+        take the LR of its last micro-step (the first warmup window would run at peak LR). So a user-stepped
+        schedule trains exactly as one attached with :meth:`set_scheduler`.
         """
         optimizer = optimizer or self._require_optimizer()
-        if self.lr_scale != 1.0:
-            saved = [group["lr"] for group in optimizer.param_groups]
-            for group in optimizer.param_groups:
-                group["lr"] = group["lr"] * self.lr_scale
+        groups = optimizer.param_groups
+        saved = [float(group["lr"]) for group in groups]
+        use = list(saved)
+        if window_lrs is not None:  # groups added since the window began keep their own LR
+            use[:len(window_lrs)] = [float(lr) for lr in window_lrs][:len(groups)]
+        use = [lr * self.lr_scale for lr in use]
+        if use != saved:
+            for group, lr in zip(groups, use):
+                _set_lr(group, lr)
             self._optimizer_step(optimizer)
-            for group, lr in zip(optimizer.param_groups, saved):
-                group["lr"] = lr
+            for group, lr in zip(groups, saved):
+                _set_lr(group, lr)
         else:
             self._optimizer_step(optimizer)
         optimizer.zero_grad(set_to_none=True)
@@ -344,6 +388,7 @@ class Graph:
         return self._collate(items) if self._collate is not None else items
 
     def _handed_over(self) -> None:
+        self._handed += 1
         if self._runtime is not None:
             self._runtime.note_yield()
 
@@ -448,6 +493,8 @@ class Graph:
         dropped = len(self._pending) - len(kept)
         if dropped:
             self._pending = deque(kept)
+            # batches handed to the loop are the oldest drawn: those that were dropped are no longer ahead
+            self._handed = min(self._handed, self._stepped + len(self._pending))
             if self._runtime is not None:
                 self._runtime.undraw(dropped)
 

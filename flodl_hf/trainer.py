@@ -15,6 +15,7 @@ import torch
 from .config import DdpConfig
 from .diagnostics import describe_device, diagnostic_line, print_diagnostic
 from .graph import Graph, HasGraph
+from .replica import carry_module_state, watch_source
 
 __all__ = ["Trainer"]
 
@@ -41,14 +42,6 @@ def _module_from(built: Any, what: str) -> torch.nn.Module:
     raise TypeError(f"the {what} must return a torch.nn.Module or a task head, got {type(built).__name__}")
 
 
-def _copy_trainable_flags(source: torch.nn.Module, replica: torch.nn.Module) -> None:
-    """The replica trains exactly what the user left trainable: ``requires_grad`` follows the source by name."""
-    flags = {name: p.requires_grad for name, p in source.named_parameters(remove_duplicate=False)}
-    for name, p in replica.named_parameters(remove_duplicate=False):
-        if name in flags:
-            p.requires_grad_(flags[name])
-
-
 class Trainer:
     """Entry points of flodl-hf training (all static)."""
 
@@ -62,7 +55,10 @@ class Trainer:
         """Place ``graph`` on this rank's device and make ``graph.step()`` train on every rank.
 
         ``builder(device)`` must build the same architecture as ``graph.module`` directly on ``device`` (it runs
-        once per rank); the weights of ``graph.module`` are copied into it, then rank 0's are broadcast.
+        once per rank); the weights of ``graph.module`` are copied into it, then rank 0's are broadcast, and so are
+        its ``requires_grad`` flags, each submodule's train/eval mode and gradient checkpointing
+        (``flodl_hf.replica``). From then on the loop must call ``graph.module`` (the replica), not the module it
+        wrapped: a backward pass through that one is refused at the first ``graph.step()``.
         ``optimizer(params)`` builds this rank's optimizer.
         """
         from .distributed.context import init_context
@@ -79,7 +75,7 @@ class Trainer:
         except RuntimeError as exc:
             raise ValueError("the factory built a module whose weights do not match the one being set up "
                              f"(build the same architecture and config): {exc}") from exc
-        _copy_trainable_flags(target.module, replica)
+        carry_module_state(target.module, replica, warn=config.verbose and ctx.rank == 0)
         runtime = None
         if ctx.is_distributed:
             from .distributed.collectives import broadcast_tensors
@@ -91,7 +87,9 @@ class Trainer:
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"the optimizer factory must return a torch.optim.Optimizer, got {type(opt).__name__}")
         _check_optimizer_params(opt, replica)
+        watch = watch_source(target.module, replica)
         target.attach(replica, opt, ctx.device, config, rank=ctx.rank, world_size=ctx.world_size, runtime=runtime)
+        target._source_watch = watch
         if config.verbose:
             _announce(ctx, config)
         return target

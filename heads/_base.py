@@ -172,7 +172,7 @@ class SequenceClassificationHead(TaskHead):
         logits = self.forward(enc)
         loss = _losses.loss_from_logits(kind, logits, labels, labelled=items > 0 if kind == "ce" else None)
         if torch.is_grad_enabled():  # so N ranks weight it exactly (Graph.loss_items)
-            self._graph.loss_items(items)
+            self._graph.loss_items(items, loss=loss)
         return loss, logits
 
     def predict(

@@ -274,7 +274,7 @@ class MaskedLMHead(TaskHead):
         else:
             loss = flat.sum() * 0.0  # nothing masked: a zero loss that still has a graph
         if torch.is_grad_enabled():  # so N ranks weight it exactly (Graph.loss_items)
-            self._graph.loss_items(items)
+            self._graph.loss_items(items, loss=loss)
         return loss, logits
 
     def fill_mask(self, text_or_texts: Union[str, Sequence[str]], top_k: int = 5) -> list[Any]:

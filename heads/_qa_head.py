@@ -249,7 +249,7 @@ class QuestionAnsweringHead(TaskHead):
         start, end = self.forward(enc)
         loss = (F.cross_entropy(start.float(), positions[:, 0]) + F.cross_entropy(end.float(), positions[:, 1])) / 2
         if torch.is_grad_enabled():  # so N ranks weight it exactly (Graph.loss_items)
-            self._graph.loss_items(windows)
+            self._graph.loss_items(windows, loss=loss)
         return loss, start, end
 
     def __call__(self, enc: Optional[Mapping[str, Any]] = None, /, start_positions: Any = None,

@@ -257,7 +257,7 @@ class TokenClassificationHead(TaskHead):
         else:
             loss = F.cross_entropy(flat, labels.reshape(-1).long(), ignore_index=_words.IGNORE_INDEX)
         if torch.is_grad_enabled():  # so N ranks weight it exactly (Graph.loss_items)
-            self._graph.loss_items(items)
+            self._graph.loss_items(items, loss=loss)
         return loss, logits
 
     # --- prediction ---------------------------------------------------------------------------------------

@@ -49,9 +49,10 @@ from .clock import ComputeClock
 from .collectives import broadcast_tensors
 from .context import DistContext, DistributedError, missing_ranks, side_group
 from .window_grads import WindowGrads, micro_batch_weight
-from .window_meta import (_BATCH, _COMPUTE, _DENOM, _FAILED, _FINISHED, _FLAG, _FRONTIER, _GRADSQ, _INDEX, _MICRO,
-                          _REDSQ, _REDUCTION, _ROWS, _SAMPLES, _SEED, _SLOTS, _STEP, _SYNC, _USER, agree)
+from .window_meta import (_AHEAD, _BATCH, _COMPUTE, _DENOM, _FAILED, _FINISHED, _FLAG, _FRONTIER, _GRADSQ, _INDEX,
+                          _MICRO, _REDSQ, _REDUCTION, _ROWS, _SAMPLES, _SEED, _SLOTS, _STEP, _SYNC, _USER, agree)
 from .grad_guard import GradGuard
+from .loss_items import Declarations
 from .window_overlap import Arming, OverlapHooks
 
 __all__ = ["WindowRuntime", "close_all", "mark_failed"]
@@ -123,7 +124,9 @@ class WindowRuntime:
         self._noise_prev: Optional[tuple[list[float], list[float], int]] = None  # its agreed norms, items, micro
         self._user_flags = 0
         self.agreed_flags = 0
-        self._items: Optional[tuple[float, str]] = None
+        self._declared = Declarations()  # this micro-batch's graph.loss_items, bound to their backward passes
+        self._window_lrs: list[float] = []  # the LRs in force at the window's first micro-batch
+        self._ahead = 0  # graph.handed_ahead() at the last graph.step(): compared across ranks at the window end
         self._peek: Optional[Callable[[], Optional[tuple[int, bool]]]] = None  # the plan step being computed
         self._presleep = (0.0, 0.0)  # simulated speed: (host seconds, sleep) already stretched mid-backward
         self.overlap: Optional[OverlapHooks] = OverlapHooks(self.grads, self._arm) if config.overlap else None
@@ -255,8 +258,8 @@ class WindowRuntime:
         if self.overlap is not None:
             self.overlap.reset()
 
-    def set_loss_items(self, items: float, reduction: str) -> None:
-        self._items = (float(items), reduction)
+    def set_loss_items(self, items: float, reduction: str, loss: Optional[torch.Tensor] = None) -> None:
+        self._declared.declare(items, reduction, loss)
 
     def set_user_flags(self, bits: int) -> None:
         self._user_flags |= int(bits)
@@ -271,13 +274,14 @@ class WindowRuntime:
         anchor = self._window_anchor
         if self._micro_batches + 1 < anchor and not (planned is not None and planned[1]):
             return None
-        weight, counts = micro_batch_weight(self._items, planned[0] if planned is not None else None)
+        items = self._declared.current()
+        weight, counts = micro_batch_weight(items, planned[0] if planned is not None else None)
         if self.speed < 1.0 and not self.clock.events:  # SIMULATION: the slower device reaches here later too
             pre = self.clock.elapsed()
             extra = pre * (1.0 / self.speed - 1.0)
             time.sleep(extra)
             self._presleep = (pre, extra)
-        return weight, counts, self._items is not None
+        return weight, counts, items is not None
 
     def micro_batch_done(self, graph: Any, planned: Optional[tuple[int, bool]]) -> bool:
         """Account for one finished micro-batch; close the window when full. True when an optimizer step ran.
@@ -298,16 +302,23 @@ class WindowRuntime:
             self._compute_s += max(0.0, elapsed)
         if self._window_anchor is None:
             self._window_anchor = self._anchor()
+        if self._micro_batches == 0:  # a window's update uses the LRs in force at its first micro-batch
+            self._window_lrs = [float(group["lr"]) for group in graph.optimizer.param_groups]
         self._micro_batches += 1
+        self._ahead = graph.handed_ahead()
         samples = planned[0] if planned is not None else None
-        items, self._items = self._items, None
-        reduction = items[1] if items is not None else "mean"
+        items = self._declared.current()
+        reduction = items[1] if items is not None else self._declared.reduction()
         if self._reduction is None:
             self._reduction = reduction
         elif self._reduction != reduction:
             raise ValueError(f"graph.loss_items(reduction={reduction!r}) after reduction={self._reduction!r} in the "
                              "same El Che window: use one loss reduction for the whole run")
-        weight, counts = micro_batch_weight(items, samples)
+        if self._declared.abandoned() and not self.guard.seen:
+            weight, counts = 0.0, False  # its declared loss was never backpropagated: a batch the loop skipped
+        else:
+            weight, counts = micro_batch_weight(items, samples)
+        self._declared.reset()
         skip = frozenset()
         armed = self.overlap is not None and bool(self.overlap.armed)
         if armed:
@@ -348,7 +359,8 @@ class WindowRuntime:
                             (_REDSQ, -1.0 if self._reduced_sq is None else self._reduced_sq),
                             (_MICRO, float(self._micro_batches)),
                             (_BATCH, float(self.batch_size or 0)),
-                            (_ROWS, float(self.plan_data[0])), (_SEED, float(self.plan_data[1]))):
+                            (_ROWS, float(self.plan_data[0])), (_SEED, float(self.plan_data[1])),
+                            (_AHEAD, float(self._ahead))):
             meta[slot * w + r] = value
         return meta
 
@@ -441,7 +453,7 @@ class WindowRuntime:
                 torch.cuda.synchronize(self.device)
             sync_ms = (time.perf_counter() - t0) * 1000.0
             micro = int(self._micro_batches)
-            graph.apply_optimizer_step(micro_steps=micro)
+            graph.apply_optimizer_step(micro_steps=micro, window_lrs=self._window_lrs)
             if self.el_che is not None:
                 self._report(m, micro, noise)
             self._reduced_sq = reduced_sq

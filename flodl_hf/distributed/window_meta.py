@@ -19,10 +19,12 @@ _STEP, _FINISHED, _FAILED = 0.0, 1.0, 2.0
 # so a figure each rank computes with its own kernels reaches every El Che identical); _MICRO: this window's
 # micro-batches (checked equal: ranks whose El Che decided differently must stop, not drift apart); _BATCH: the
 # batch_size, dataset length and plan seed given to set_data_loader (checked equal: each rank's plan would otherwise
-# cut the data differently, and ranks would train on overlapping samples).
+# cut the data differently, and ranks would train on overlapping samples); _AHEAD: batches graph.epoch() handed to
+# the loop that graph.step() has not finished (checked equal: a rank that skipped graph.step() for a batch with
+# `continue` would from then on weight each micro-batch by another batch's plan entry).
 (_COMPUTE, _SAMPLES, _SYNC, _INDEX, _FLAG, _DENOM, _REDUCTION, _FRONTIER, _USER, _GRADSQ, _REDSQ, _MICRO,
- _BATCH, _ROWS, _SEED) = range(15)
-_SLOTS = 15
+ _BATCH, _ROWS, _SEED, _AHEAD) = range(16)
+_SLOTS = 16
 
 
 def _slot(m: torch.Tensor, world: int, slot: int) -> list[float]:
@@ -59,6 +61,15 @@ def agree(m: torch.Tensor, world: int, rank: int, window_index: int, own_flag: f
         raise DistributedError(f"ranks gave graph.set_data_loader {what}: every rank must pass the same dataset "
                                "(same rows, same order) and the same seed, and graph.epoch() gives each rank its "
                                "own disjoint share; do not shard or shuffle the data per rank yourself")
+    ahead = [int(x) for x in _slot(m, world, _AHEAD)]
+    if len(set(ahead)) != 1:
+        extra = max(range(world), key=lambda q: ahead[q])
+        raise DistributedError(
+            f"rank {extra} has {ahead[extra] - min(ahead)} more batch(es) of graph.epoch() handed to its loop "
+            f"without a graph.step() than rank {ahead.index(min(ahead))} (window {window_index}; batches ahead per "
+            f"rank: {ahead}): a loop that skips a batch with `continue` trains the next batch under the skipped one's "
+            "weight and plan. Call graph.step() for every batch; to skip one, leave out its backward() (a head's "
+            "compute_loss then counts nothing for it) or call graph.loss_items(0) before graph.step()")
     micro = [int(x) for x in _slot(m, world, _MICRO)]
     if len(set(micro)) != 1:
         raise DistributedError(f"ranks closed window {window_index} after different numbers of "
