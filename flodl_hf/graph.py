@@ -94,8 +94,11 @@ class Graph:
 
     # --- wiring (called by Trainer) -----------------------------------------------------------------------
     def attach(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
-               config: DdpConfig, *, rank: int = 0, world_size: int = 1, runtime: Any = None) -> None:
-        """Install the replica, its optimizer and (on N ranks) the window runtime. Used by ``Trainer``."""
+               config: DdpConfig, *, rank: int = 0, world_size: int = 1, runtime: Any = None,
+               source_watch: Any = None) -> None:
+        """Install the replica, its optimizer and (on N ranks) the window runtime. Used by ``Trainer``.
+        ``source_watch``: a ``flodl_hf.replica.SourceWatch`` on the module the replica replaced."""
+        self._source_watch = source_watch
         self.module = module
         self.optimizer = optimizer
         self.device = torch.device(device)
@@ -217,10 +220,9 @@ class Graph:
         ``loss``: the loss tensor the declaration is about. It binds the declaration to that loss's backward pass:
         it counts only if the backward pass runs through ``loss`` (a loss computed for a mid-training evaluation,
         for a batch the loop then skips without ``backward()``, or with nothing trainable on its path, declares
-        nothing), and a micro-batch whose only
-        declarations were never backpropagated, with no backward pass at all, weighs 0 (one process would leave
-        that batch out). Every head's ``compute_loss`` binds its declaration. Without ``loss``, the last
-        declaration before ``graph.step()`` counts.
+        nothing), and a micro-batch whose only declarations were never backpropagated, with no backward pass at
+        all, weighs 0 (one process would leave that batch out). Every head's ``compute_loss`` binds its
+        declaration. Without ``loss``, the last declaration before ``graph.step()`` counts.
         """
         if reduction not in LOSS_REDUCTIONS:
             raise ValueError(f"reduction={reduction!r} is unknown: use 'mean' (the loss is a mean over `items`) "

@@ -87,9 +87,8 @@ class Trainer:
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"the optimizer factory must return a torch.optim.Optimizer, got {type(opt).__name__}")
         _check_optimizer_params(opt, replica)
-        watch = watch_source(target.module, replica)
-        target.attach(replica, opt, ctx.device, config, rank=ctx.rank, world_size=ctx.world_size, runtime=runtime)
-        target._source_watch = watch
+        target.attach(replica, opt, ctx.device, config, rank=ctx.rank, world_size=ctx.world_size, runtime=runtime,
+                      source_watch=watch_source(target.module, replica))
         if config.verbose:
             _announce(ctx, config)
         return target

@@ -21,25 +21,9 @@ import torch
 from dist_helpers import run_ranks, values
 from flodl_hf import DdpConfig, Graph, Trainer
 from flodl_hf.job.schedule import LinearSchedule
+from test_elastic_resume import BATCH, EPOCHS, N, SEED, _build, _collate, _data  # that run, with an LR schedule
 
-N, BATCH, EPOCHS, SEED, LR, WARMUP = 48, 4, 3, 3, 0.05, 0.5
-
-
-def _data() -> list:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(N, 4, generator=g)
-    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
-    return [(i, x[i], y[i]) for i in range(N)]
-
-
-def _collate(items: list) -> tuple:
-    return (torch.tensor([i for i, _, _ in items]), torch.stack([x for _, x, _ in items]),
-            torch.stack([y for _, _, y in items]))
-
-
-def _build(dev=None):
-    torch.manual_seed(5)
-    return torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+LR, WARMUP = 0.05, 0.5
 
 
 def _adam_state(optimizer: torch.optim.Optimizer) -> list:

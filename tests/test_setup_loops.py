@@ -32,6 +32,7 @@ from heads import AutoHeadForSequenceClassification
 ROWS = tiny_models.toy_task(96, seed=1)
 SIZES = {1: [4], 2: [5, 3], 3: [5, 3, 4]}  # per-rank micro-batch sizes (batch_size 4 per rank)
 ANCHOR, SEED, LR, WARMUP = 3, 3, 1.0, 4
+CONTINUE_AT = (3, 5)  # the first and the last micro-step of window 1
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
@@ -99,13 +100,19 @@ def _evaluate(head, batch) -> float:
     return float(loss)
 
 
-def _loop_rank(rank: int, world: int, loop: str, skipped: frozenset) -> dict:
+def _trained_head(rank: int, world: int) -> tuple:
+    """(head, graph) of this rank, set up on the pinned plan with SGD, its data loader set."""
     head = _head(rank)
     config = _config()
     Trainer.setup_head_with(head, lambda dev: AutoHeadForSequenceClassification.on_device(config, 2, dev),
                             lambda p: torch.optim.SGD(p, lr=LR), _plan(world))
     graph = head.graph()
     graph.set_data_loader(ROWS, batch_size=4, collate_fn=head.collate)
+    return head, graph
+
+
+def _loop_rank(rank: int, world: int, loop: str, skipped: frozenset) -> dict:
+    head, graph = _trained_head(rank, world)
     schedule = None
     if loop == "user-schedule":  # built on graph.optimizer and stepped by the loop, as every HF script does
         schedule = get_linear_schedule_with_warmup(graph.optimizer, WARMUP, graph.total_steps(1))
@@ -135,6 +142,32 @@ def _assert_same(got: dict, want: dict, start: dict, what: str) -> None:
                                    msg=lambda m, name=name: f"{what} {name} (reference moved {moved:.2e}): {m}")
 
 
+def _all_rank(rank: int, world: int) -> dict:
+    """Every multi-rank loop of this module in one process group (spawning ranks costs more than the loops)."""
+    out: dict = {}
+    for loop in LOOPS:
+        out[loop] = _loop_rank(rank, world, loop, _skipped(loop, world))
+    for at in CONTINUE_AT:
+        out[("continue", at)] = _continue_rank(rank, world, at)
+    out["stale"] = _stale_rank(rank, world)
+    out["carry"] = _carry_rank(rank, world)
+    return out
+
+
+_RUNS: dict[int, list[dict]] = {}
+
+
+def _runs(world: int) -> list[dict]:
+    """Each rank's results of :func:`_all_rank` on ``world`` ranks, run once per test session."""
+    if world not in _RUNS:
+        _RUNS[world] = values(run_ranks(_all_rank, world, timeout=600))
+    return _RUNS[world]
+
+
+def _skipped(loop: str, world: int) -> frozenset:
+    return LOOPS[loop] | (frozenset({(4, 2)}) if loop == "skip-backward" and world == 3 else frozenset())
+
+
 LOOPS = {
     "user-schedule": frozenset(),
     "skip-backward": frozenset({(4, 1), (7, 0)}),  # (micro-step, rank)
@@ -146,9 +179,8 @@ LOOPS = {
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("loop", list(LOOPS))
 def test_the_loop_trains_what_one_process_trains(world, loop):
-    skipped = LOOPS[loop] | (frozenset({(4, 2)}) if loop == "skip-backward" and world == 3 else frozenset())
-    results = values(run_ranks(_loop_rank, world, loop, skipped, timeout=180))
-    want, start = _reference(world, loop, skipped)
+    results = [r[loop] for r in _runs(world)]
+    want, start = _reference(world, loop, _skipped(loop, world))
     for rank, got in enumerate(results):
         _assert_same(got, want, start, f"{loop} on {world} ranks, rank {rank}")
 
@@ -178,7 +210,7 @@ def _stale_rank(rank: int, world: int) -> dict:
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_a_loop_that_calls_the_wrapped_model_is_refused_at_the_first_step(world):
-    results = [_stale_rank(0, 1)] if world == 1 else values(run_ranks(_stale_rank, world, timeout=120))
+    results = [_stale_rank(0, 1)] if world == 1 else [r["stale"] for r in _runs(world)]
     for r in results:
         assert r["error"] is not None, "the loop trained nothing and was not told"
         assert "graph.module" in r["error"] and "model object given to Graph" in r["error"], r["error"]
@@ -255,7 +287,7 @@ def _carry_rank(rank: int, world: int) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_eval_mode_and_checkpointing_set_before_setup_reach_the_replica(world):
-    results = [_carry_rank(0, 1)] if world == 1 else values(run_ranks(_carry_rank, world, timeout=180))
+    results = [_carry_rank(0, 1)] if world == 1 else [r["carry"] for r in _runs(world)]
     source = _probing_model()
     want_training = [(n, m.training) for n, m in source.named_modules()]
     assert any(not t for _, t in want_training) and any(t for _, t in want_training)
@@ -296,12 +328,7 @@ def test_a_model_entirely_in_eval_mode_trains_as_it_is_and_says_so():
 
 # --- 7. a rank that skips a batch with `continue` --------------------------------------------------------------
 def _continue_rank(rank: int, world: int, at: int) -> dict:
-    head = _head(rank)
-    config = _config()
-    Trainer.setup_head_with(head, lambda dev: AutoHeadForSequenceClassification.on_device(config, 2, dev),
-                            lambda p: torch.optim.SGD(p, lr=LR), _plan(world))
-    graph = head.graph()
-    graph.set_data_loader(ROWS, batch_size=4, collate_fn=head.collate)
+    head, graph = _trained_head(rank, world)
     try:
         for j, (enc, labels) in enumerate(graph.epoch(0)):
             if rank == world - 1 and j == at:
@@ -316,9 +343,9 @@ def _continue_rank(rank: int, world: int, at: int) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("at", [3, 5])  # the first and the last micro-step of window 1
+@pytest.mark.parametrize("at", CONTINUE_AT)
 def test_a_rank_that_skips_a_batch_with_continue_is_stopped_in_that_window(world, at):
-    results = values(run_ranks(_continue_rank, world, at, timeout=180))
+    results = [r[("continue", at)] for r in _runs(world)]
     window = at // ANCHOR
     # the windows before it, replayed in one process
     head = _head(0)
