@@ -123,17 +123,17 @@ def _anchor_rank(rank: int, world: int):
                                    torch.nn.Linear(1024, CLASSES))
 
     graph = Graph(build())
-    cfg = DdpConfig(seed=1, verbose=False, timeout_s=60, overhead_target=0.1)
+    # The target's margin: measured here, the slow phase runs at overhead 0.03-0.05 at anchor 1 and the fast phase at
+    # 1.3-4.4. Against a 0.1 target one noisy window end in a full-suite run reached it and sent the anchor back to
+    # 2; 0.3 sits 6x above the slow phase and 4x below the fast one.
+    cfg = DdpConfig(seed=1, verbose=False, timeout_s=60, overhead_target=0.3)
     Trainer.setup_with(graph, build, lambda p: torch.optim.SGD(p, lr=1e-3), cfg)
     x, y = _data(2 * 2 * 200)
     graph.set_data_loader(list(zip(x, y)), batch_size=2, collate_fn=_collate)
     fast, slow = [], []
     for xb, yb in graph.epoch(0):
         if len(fast) >= 5:
-            # compute now dwarfs the window end (all-reduce, optimizer step): with 0.2 s one noisy window end in a
-            # full-suite run still reached the 0.1 overhead target and sent the anchor back to 2; 0.6 s gives the
-            # ratio three times that margin
-            time.sleep(0.6)
+            time.sleep(0.2)  # compute now dwarfs the all-reduce
         torch.nn.functional.cross_entropy(graph.module(xb), yb).backward()
         before = graph.training_step
         graph.step()
@@ -148,7 +148,7 @@ def test_anchor_rises_with_overhead_then_decays():
     fast, slow = values(run_ranks(_anchor_rank, 2))[0]
     # 1M parameters and a near-empty forward: sync time >> 10 % of compute, so the anchor jumps up
     assert fast[-1] > 1 and fast == sorted(fast), (fast, slow)
-    # then 600 ms of compute per micro-batch: anchor 1 meets the target, and once the median of the recent
+    # then 200 ms of compute per micro-batch: anchor 1 meets the target, and once the median of the recent
     # per-micro-batch overheads says so the anchor goes straight down to it (no overshoot, no slow decay)
     assert slow[-1] == 1 and slow == sorted(slow, reverse=True), (fast, slow)
 
