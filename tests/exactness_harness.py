@@ -400,16 +400,6 @@ def _batch(data: list, idx: list[int]) -> tuple:
     return collate([data[i] for i in idx])
 
 
-def _items(case: dict, tok: torch.Tensor, cls: torch.Tensor) -> float:
-    if case["loss"] == "sum":
-        return 1.0
-    if case["loss"] in ("samples", "masked"):
-        return float((cls != -100).sum())
-    if case["loss"] == "weighted":
-        return float((CLASS_WEIGHTS[cls.clamp(min=0)] * (cls != -100)).sum())
-    return float((tok != -100).sum())
-
-
 def check_case(case: dict, results: list[dict]) -> None:
     """Assert one case: coverage of every epoch, identical replicas, parameters and LRs equal the reference."""
     world = case["world"]

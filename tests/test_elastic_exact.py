@@ -144,7 +144,6 @@ def test_resume_on_another_device_count_equals_the_hand_computed_run(tmp_path, b
         assert lrs[stop_after] == pytest.approx(LR * (total - stop_after) / (total - int(total * WARMUP)), rel=1e-12)
     # optimizer state: loaded exactly as saved, on every rank; equal to the reference's at that step and at the end
     for r in rest:
-        _close(r["loaded"], first[0]["saved"], "loaded")
         assert all(torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k]))
                    for a, b in zip(r["loaded"], first[0]["saved"]) for k in a)
     _close(first[0]["saved"], ref["saved"], "at the checkpoint")
