@@ -3,7 +3,7 @@
     python benchmarks/memory_probe_check.py [--device cuda:0] [--max-length 256] [--high 4096]
 
 Why it exists: ``DdpConfig(max_micro_batch="auto")`` is tested on the CPU with a stand-in limit; on a GPU the
-limit is the allocator's. This runs ``flodl_hf.memory_probe.probe_micro_batch`` on the packaged MiniLM with texts
+limit is the allocator's. This runs ``flodl_hf.elche.memory_probe.probe_micro_batch`` on the packaged MiniLM with texts
 of ``--max-length`` tokens and prints the cap it finds (up to ``--high``), the number of tries and the time. On a CPU
 nothing raises out of memory, so the cap is ``--high`` (run it there with a small ``--high``).
 """
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     args = p.parse_args(argv)
 
-    from flodl_hf import memory_probe
+    from flodl_hf.elche import memory_probe
     from flodl_hf.defaults import default_model_path
     from heads import AutoHeadForSequenceClassification
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the offline tiny tokenizer and toy ta
 import tiny_models  # noqa: E402
 
 from flodl_hf import DdpConfig, Trainer  # noqa: E402
-from flodl_hf.partition import epoch_permutation  # noqa: E402
+from flodl_hf.elche.partition import epoch_permutation  # noqa: E402
 from heads import BertForSequenceClassification  # noqa: E402
 
 

@@ -16,7 +16,7 @@ _EXPORTS = {
     "HasGraph": "flodl_hf.graph",
     "DdpConfig": "flodl_hf.config",
     "Trainer": "flodl_hf.trainer",
-    "ElChe": "flodl_hf.el_che",
+    "ElChe": "flodl_hf.elche.scheduler",
     "Ddp": "flodl_hf.distributed.ddp",
     "DistributedError": "flodl_hf.distributed.context",
     "DdpBuilder": "flodl_hf.builder",

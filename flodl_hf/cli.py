@@ -340,7 +340,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from .data import load_text_classification
     from .job.evaluate import evaluate_head
-    from .ownership import check_output_file, writable_parent
+    from .files.ownership import check_output_file, writable_parent
     from .preflight import check_model_dir, check_trained, model_labels
     from .job.problems import headline, problem_from_config
     from .tasks.commands import cmd_eval, route
@@ -367,7 +367,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     summary = evaluate_head(head, dataset, args.batch_size, progress=not args.no_progress)
     print(f"{headline(summary, problem)} rows={len(dataset)} model={args.model} data={args.data}")
     if args.json:
-        from .atomic import atomic_path
+        from .files.atomic import atomic_path
 
         summary = dict(summary, generator="flodl-hf", kind="eval", model=str(args.model), data=str(args.data),
                        labels=labels, problem_type=problem, split=args.split)
@@ -397,7 +397,7 @@ def _verify(path: str, as_json: bool = False) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from .export import export_model_dir
 
-    from .ownership import check_disjoint, check_output_dir, writable_parent
+    from .files.ownership import check_disjoint, check_output_dir, writable_parent
     from .preflight import check_model_dir
     from .tasks.commands import verified_task
     from .tasks.verify import auto_model_class

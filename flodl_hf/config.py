@@ -66,7 +66,7 @@ class DdpConfig:
     overhead_target: Optional[float] = None
     """Ceiling of El Che's synchronisation time / compute time, in [0.01, 0.5]. With the goodput rule it is a
     floor on the window that goodput may exceed (None, the default: no ceiling, goodput alone decides); with the
-    throughput rule it is the target (None: 0.10). See ``flodl_hf.goodput``."""
+    throughput rule it is the target (None: 0.10). See ``flodl_hf.elche.goodput``."""
 
     anchor_rule: str = "goodput"
     """How El Che chooses its window: ``goodput`` (throughput x statistical efficiency from the online gradient
@@ -99,7 +99,7 @@ class DdpConfig:
     """Memory cap: the most samples one rank's micro-batch may hold (one int for every rank, or one per rank).
     El Che never gives a rank more and spreads the rest over the others; a cap that cannot hold the global batch
     is refused at setup. ``"auto"``: every rank probes the largest micro-batch it can train when the data is set
-    (``flodl_hf.memory_probe``; out of memory means ``torch.OutOfMemoryError``). None: no cap."""
+    (``flodl_hf.elche.memory_probe``; out of memory means ``torch.OutOfMemoryError``). None: no cap."""
 
     max_grad_norm: Optional[float] = None
     """Clip the *reduced* gradient to this norm before each optimizer step (None: no clipping)."""

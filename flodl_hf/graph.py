@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, runtim
 import torch
 
 from .config import DdpConfig
-from .partition import LENGTH_GROUP, epoch_permutation, length_grouped, rank_slice, steps_per_epoch
-from .position import EpochPosition, segment, steps_left
+from .elche.partition import LENGTH_GROUP, epoch_permutation, length_grouped, rank_slice, steps_per_epoch
+from .checkpoint.position import EpochPosition, segment, steps_left
 
 __all__ = ["Graph", "HasGraph", "EpochPlan", "LOSS_REDUCTIONS"]
 
@@ -332,7 +332,7 @@ class Graph:
             self._seed = int(seed)
         if self._runtime is not None:
             if self.config.max_micro_batch == "auto" and self._runtime.probed_caps is None:
-                from .memory_probe import probe_graph_caps
+                from .elche.memory_probe import probe_graph_caps
 
                 probe_graph_caps(self, dataset, batch_size, collate_fn)
             self._runtime.plan_data = (len(dataset), int(self._seed or 0) % (1 << 24))
@@ -354,7 +354,7 @@ class Graph:
     def steps_remaining(self, epochs: int) -> int:
         """Micro-steps still to run, from the current position (e.g. a loaded checkpoint's) to the end of
         ``epochs`` epochs, on this world size: after a resume on another device count, the remaining length of an
-        LR schedule (``flodl_hf.position``)."""
+        LR schedule (``flodl_hf.checkpoint.position``)."""
         self.total_steps(epochs)  # validates epochs and data
         return steps_left(self._resume or self._at, epochs, len(self._dataset), self.world_size * self._batch_size,
                           self.config.drop_last)
@@ -466,7 +466,7 @@ class Graph:
         finished = False
         try:
             for j in range(seg.steps):
-                # Positions [seg.start, seg.end) in steps of the global batch (flodl_hf.position); the last step
+                # Positions [seg.start, seg.end) in steps of the global batch (flodl_hf.checkpoint.position); the last step
                 # closes a window, and a partial last step is a window of its own (exact weighting).
                 cut = dict(start=seg.start, end=seg.end)
                 if runtime is not None:
@@ -507,7 +507,7 @@ class Graph:
         return (at.epoch, at.steps)
 
     def epoch_position(self) -> EpochPosition:
-        """Where a checkpoint taken now would resume, in samples of the epoch's permutation (``flodl_hf.position``):
+        """Where a checkpoint taken now would resume, in samples of the epoch's permutation (``flodl_hf.checkpoint.position``):
         what lets a run continue the epoch on another number of devices."""
         if self._at is not None:
             return self._at
@@ -519,7 +519,7 @@ class Graph:
 
     def resume_from(self, position: "Sequence[int] | EpochPosition") -> None:
         """Make the next ``graph.epoch(n)`` calls skip what was done before ``position`` (used by checkpoints): an
-        :class:`~flodl_hf.position.EpochPosition`, or ``(epoch, steps done)`` on this graph's world size."""
+        :class:`~flodl_hf.checkpoint.position.EpochPosition`, or ``(epoch, steps done)`` on this graph's world size."""
         self._pending.clear()
         if not isinstance(position, EpochPosition):
             if self._dataset is None:  # read once set_data_loader knows the epoch's length
@@ -536,14 +536,14 @@ class Graph:
             self._runtime.reset_plan()
 
     def save_checkpoint(self, directory: Any, extra: Optional[dict] = None) -> Any:
-        """Write a resumable checkpoint (atomically; rank 0 writes). See ``flodl_hf.checkpoint``."""
-        from .checkpoint import save_checkpoint
+        """Write a resumable checkpoint (atomically; rank 0 writes). See ``flodl_hf.checkpoint.graph_state``."""
+        from .checkpoint.graph_state import save_checkpoint
 
         return save_checkpoint(self, directory, extra)
 
     def load_checkpoint(self, directory: Any) -> dict:
         """Restore model, optimizer, scheduler, El Che, RNG and epoch position; returns the saved ``extra``."""
-        from .checkpoint import load_checkpoint
+        from .checkpoint.graph_state import load_checkpoint
 
         return load_checkpoint(self, directory)
 

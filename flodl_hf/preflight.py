@@ -5,7 +5,7 @@ those checks live in one place rather than in each command. Everything here is p
 only to ask whether a CUDA or MPS device named by ``--devices`` exists), so a refusal costs milliseconds:
 
 * output paths: the parent is a writable directory, the name is short enough and encodable
-  (:func:`flodl_hf.ownership.writable_parent`), ownership and overlap (:mod:`flodl_hf.ownership`);
+  (:func:`flodl_hf.files.ownership.writable_parent`), ownership and overlap (:mod:`flodl_hf.files.ownership`);
 * devices supported on this machine;
 * the model directory complete: ``config.json`` (valid JSON with a ``model_type``), a weights file, tokenizer files;
   and, for ``predict`` / ``eval``, a trained classifier (safetensors keys);

@@ -437,7 +437,7 @@ def check_coverage(
     no index more than ``epochs`` times except for slices the killed worker also logged (re-dispatched).
     """
     sys.path.insert(0, REPO)
-    from flodl_hf.partition import epoch_permutation
+    from flodl_hf.elche.partition import epoch_permutation
 
     B, nb = cfg.batch_size, cfg.batches_per_epoch
     slices: dict[tuple[int, ...], tuple[int, int]] = {}

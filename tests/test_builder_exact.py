@@ -14,8 +14,8 @@ import torch
 
 from dist_helpers import run_ranks, values
 from flodl_hf import ApplyPolicy, AverageBackend, Trainer
-from flodl_hf.noise_scale import NoiseScale
-from flodl_hf.partition import epoch_permutation
+from flodl_hf.elche.noise_scale import NoiseScale
+from flodl_hf.elche.partition import epoch_permutation
 
 pytestmark = pytest.mark.timeout(240)
 

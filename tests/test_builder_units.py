@@ -16,7 +16,7 @@ import flodl_hf.builder as fb
 from flodl_hf import Trainer
 from flodl_hf.builder.board import Board, Plan, Row, must_wait, round_ready
 from flodl_hf.builder.checkpoint import read_checkpoint, write_checkpoint
-from flodl_hf.checkpoint_errors import CheckpointError
+from flodl_hf.checkpoint.errors import CheckpointError
 from flodl_hf.builder.epochs import EpochBook
 from flodl_hf.builder.guard import HOLD, OK, SHRINK, AnchorControl, DivergenceGuard
 from flodl_hf.builder.rounds import CpuRounds, Snapshot

@@ -1,11 +1,11 @@
-"""flodl_hf.cards: render model_cards/default.md, parse it back with ModelCard.load, check the metadata."""
+"""flodl_hf.export.cards: render model_cards/default.md, parse it back with ModelCard.load, check the metadata."""
 
 from __future__ import annotations
 
 import pytest
 from huggingface_hub import ModelCard
 
-from flodl_hf.cards import CardInfo, build_model_card, check_model_card, default_template_path, write_model_card
+from flodl_hf.export.cards import CardInfo, build_model_card, check_model_card, default_template_path, write_model_card
 from flodl_hf.metrics import classification_summary
 
 LABELS = ["negative", "neutral", "positive"]
@@ -189,7 +189,7 @@ def test_datasets_only_for_hub_ids(tmp_path):
 
 
 def test_old_library_name_is_refused_and_upgraded(tmp_path):
-    from flodl_hf.cards import upgrade_card_metadata
+    from flodl_hf.export.cards import upgrade_card_metadata
 
     path = write_model_card(info(), tmp_path)
     old = path.read_text(encoding="utf-8").replace("library_name: transformers", "library_name: flodl-hf")
@@ -213,7 +213,7 @@ def test_pair_models_show_pairs_in_the_usage_snippets(tmp_path):
 
 
 def test_basic_card_without_scores(tmp_path):
-    from flodl_hf.cards import write_basic_card
+    from flodl_hf.export.cards import write_basic_card
 
     path = write_basic_card(tmp_path, model_name="my-nli", labels=["entail", "neutral", "contra"],
                             model_type="roberta", max_length=64, pairs=True)

@@ -15,7 +15,7 @@ import torch
 import tiny_models
 from dist_helpers import run_ranks, values
 from flodl_hf import DdpConfig, Graph, Trainer
-from flodl_hf.checkpoint import ResumeError
+from flodl_hf.checkpoint.graph_state import ResumeError
 from heads import AutoHeadForSequenceClassification
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from flodl_hf import DdpConfig, Graph, Trainer, cli
-from flodl_hf.checkpoint_errors import ResumeError
-from flodl_hf.checkpoint_files import FAULT_ENV, STAGES
+from flodl_hf.checkpoint.errors import ResumeError
+from flodl_hf.checkpoint.format import FAULT_ENV, STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN = {"checkpoint.json", "checkpoint.0.safetensors", "checkpoint.1.safetensors"}
@@ -31,7 +31,7 @@ OWN = {"checkpoint.json", "checkpoint.0.safetensors", "checkpoint.1.safetensors"
 WRITER = """
 import os, resource, signal, sys, time, torch
 from flodl_hf import DdpConfig, Graph, Trainer
-from flodl_hf.checkpoint_errors import CheckpointError
+from flodl_hf.checkpoint.errors import CheckpointError
 ckpt, steps, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 build = lambda dev=None: torch.nn.Linear(16, 16)
 graph = Graph(build())
@@ -169,7 +169,7 @@ def test_concurrent_writers_the_second_is_refused_naming_the_first_and_a_dead_ho
 
 
 def test_a_second_train_job_on_the_same_directories_is_refused(tmp_path, capsys):
-    holder = subprocess.Popen([sys.executable, "-c", "import sys; from flodl_hf import dirlock; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from flodl_hf.files import dirlock; "
                                f"dirlock.acquire({str(tmp_path / 'out.checkpoint')!r}); print('held', flush=True); "
                                "sys.stdin.read()"], env=dict(os.environ, PYTHONPATH=str(ROOT)), text=True,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)

@@ -18,14 +18,14 @@ from huggingface_hub import ModelCard
 from tiny_models import toy_task
 
 from flodl_hf import cli
-from flodl_hf.checkpoint import ResumeError
+from flodl_hf.checkpoint.graph_state import ResumeError
 from flodl_hf.interrupt import GracefulInterrupt
 from flodl_hf.job import outputs
 from flodl_hf.job.checkpoints import check_plan
 from flodl_hf.job.loop import TrainingInterrupted
 from flodl_hf.job.run import run_train
 from flodl_hf.job.schedule import LinearSchedule
-from flodl_hf.ownership import write_marker
+from flodl_hf.files.ownership import write_marker
 from heads import AutoHeadForSequenceClassification
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -148,7 +148,7 @@ def work(tmp_path_factory):
 def check_output_dir(out: Path, task: str, architecture: str) -> dict:
     from huggingface_hub import ModelCard
 
-    from flodl_hf.cards import check_model_card
+    from flodl_hf.export.cards import check_model_card
 
     for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md", "metrics.json", "loss_curve.png"):
         assert (out / name).is_file(), name
@@ -315,7 +315,7 @@ def test_every_family_trains_every_task_and_the_output_loads_in_transformers(tin
 def test_task_card_metadata_and_its_bad_input(tmp_path):
     from huggingface_hub import ModelCard
 
-    from flodl_hf.cards import write_task_card
+    from flodl_hf.export.cards import write_task_card
 
     common = dict(model_name="m", dataset_name="d", dataset_description="`d.jsonl`", training={"epochs": 1})
     path = write_task_card(tmp_path, task="token-classification", scores={"f1": 0.5, "accuracy": 0.9},

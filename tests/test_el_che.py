@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flodl_hf.el_che import ElChe, round_half_up
+from flodl_hf.elche.scheduler import ElChe, round_half_up
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -670,7 +670,7 @@ def test_determinism_across_instances():
 
 
 def test_import_does_not_load_torch():
-    code = "import sys, flodl_hf.el_che; print('torch' in sys.modules, 'numpy' in sys.modules)"
+    code = "import sys, flodl_hf.elche.scheduler; print('torch' in sys.modules, 'numpy' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,

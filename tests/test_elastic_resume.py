@@ -14,11 +14,11 @@ import torch
 
 from dist_helpers import run_ranks, values
 from flodl_hf import DdpConfig, Graph, Trainer
-from flodl_hf.checkpoint import ResumeError
-from flodl_hf.elastic import saved_position
+from flodl_hf.checkpoint.graph_state import ResumeError
+from flodl_hf.checkpoint.elastic import saved_position
 from flodl_hf.job.schedule import LinearSchedule
-from flodl_hf.partition import epoch_permutation
-from flodl_hf.position import EpochPosition, segment, steps_left
+from flodl_hf.elche.partition import epoch_permutation
+from flodl_hf.checkpoint.position import EpochPosition, segment, steps_left
 
 N, BATCH, EPOCHS, SEED = 48, 4, 3, 3
 

@@ -1,5 +1,5 @@
 """flodl_hf.export: verify_model_dir (keys, labels, logits vs a head), export_model_dir; atomic output dirs
-(flodl_hf.ownership.staged_output_dir)."""
+(flodl_hf.files.ownership.staged_output_dir)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from tiny_models import make_checkpoint
 
 from flodl_hf.export import export_model_dir, verify_model_dir
-from flodl_hf.ownership import check_output_dir, owns_dir, staged_output_dir
+from flodl_hf.files.ownership import check_output_dir, owns_dir, staged_output_dir
 
 SENTENCES = ["the movie was good", "the plot was awful", "this book is fine"]
 

@@ -1,4 +1,4 @@
-"""El Che's anchor by goodput (``flodl_hf.goodput`` and ``ElChe`` fed with gradient-noise figures)."""
+"""El Che's anchor by goodput (``flodl_hf.elche.goodput`` and ``ElChe`` fed with gradient-noise figures)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from flodl_hf.el_che import ElChe
-from flodl_hf.goodput import combined_anchor, goodput, goodput_anchor, overhead_anchor
+from flodl_hf.elche.scheduler import ElChe
+from flodl_hf.elche.goodput import combined_anchor, goodput, goodput_anchor, overhead_anchor
 
 
 def _noise_inputs(noise_scale: float, items: list[float]) -> dict:
@@ -29,7 +29,7 @@ def _run(che: ElChe, windows: int, compute_per_micro: float, sync: float, noise_
 
 
 def test_goodput_formula_is_throughput_times_fixed_lr_efficiency():
-    from flodl_hf.noise_scale import fixed_lr_efficiency
+    from flodl_hf.elche.noise_scale import fixed_lr_efficiency
 
     assert goodput(1, 0.0, 5.0) == 1.0  # anchor 1 with free sync is the unit
     rng = random.Random(0)

@@ -59,7 +59,7 @@ def _rank(rank: int, world: int, how: str, overlap: bool):
 
 
 def _one_process_two_losses() -> list:
-    from flodl_hf.partition import epoch_permutation
+    from flodl_hf.elche.partition import epoch_permutation
 
     data, model = _data(), _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=LR)

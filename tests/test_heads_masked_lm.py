@@ -345,7 +345,7 @@ def test_every_text_with_a_maskable_token_gets_a_target():
 
 
 def test_push_directory_has_a_fill_mask_card(tmp_path):
-    from flodl_hf.hub import plan_push
+    from flodl_hf.export.hub import plan_push
     from heads._mlm_run import write_push_dir
 
     head = fresh_head("distilbert")

@@ -40,7 +40,7 @@ def _mlm_rank(rank: int, world: int):
 
 
 def _reference() -> list[torch.Tensor]:
-    from flodl_hf.partition import epoch_permutation
+    from flodl_hf.elche.partition import epoch_permutation
 
     head = fresh_head("bert", seed=100)
     optimizer = _sgd(head.graph().module.parameters())

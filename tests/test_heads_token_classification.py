@@ -332,7 +332,7 @@ def test_setup_head_swaps_in_a_replica_and_trains():
 def test_push_dir_has_a_token_classification_card(tmp_path):
     from huggingface_hub import ModelCard
 
-    from flodl_hf.hub import plan_push
+    from flodl_hf.export.hub import plan_push
     from heads._hub import write_push_dir
 
     out = write_push_dir(make_head("roberta", labels=TAGS), tmp_path / "push", name="my-tagger")

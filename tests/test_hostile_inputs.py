@@ -220,7 +220,7 @@ def test_sigterm_checkpoints_like_ctrl_c_and_stale_temporaries_are_removed(share
 
 
 def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(shared, tmp_path, capsys, monkeypatch):
-    from flodl_hf import atomic
+    from flodl_hf.files import atomic
     from flodl_hf.job.checkpoints import read_job_state
 
     real_replace = os.replace
@@ -257,7 +257,7 @@ def test_a_read_only_filesystem_is_one_line():
 
 
 def test_stale_temporaries_are_flodl_hfs_own_names_only(tmp_path):
-    from flodl_hf.ownership import remove_stale_temporaries
+    from flodl_hf.files.ownership import remove_stale_temporaries
 
     for name in (".out.partial-abcd1234", ".out.partial-notmine", ".out.old-0123abcd", ".mine.partial-abcd1234"):
         (tmp_path / name).mkdir()

@@ -12,7 +12,7 @@ from huggingface_hub import CommitOperationAdd, ModelCard
 
 import heads
 from flodl_hf.export import push_output_dir
-from flodl_hf.hub import plan_push
+from flodl_hf.export.hub import plan_push
 from heads._hub import write_push_dir
 from tiny_models import tiny_config, tiny_tokenizer
 

@@ -12,7 +12,7 @@ import torch
 
 from dist_helpers import run_ranks, values
 from flodl_hf import DdpConfig, Graph, Trainer
-from flodl_hf.partition import LENGTH_GROUP, epoch_permutation, length_grouped
+from flodl_hf.elche.partition import LENGTH_GROUP, epoch_permutation, length_grouped
 from test_setup_distributed import _collate, _data, _mlp, _sgd
 
 

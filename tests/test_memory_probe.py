@@ -15,8 +15,8 @@ import torch
 import tiny_models
 from dist_helpers import run_ranks, values
 from flodl_hf import DdpConfig, Trainer
-from flodl_hf import memory_probe
-from flodl_hf.memory_probe import OUT_OF_MEMORY, largest_fitting, probe_micro_batch
+from flodl_hf.elche import memory_probe
+from flodl_hf.elche.memory_probe import OUT_OF_MEMORY, largest_fitting, probe_micro_batch
 from heads import AutoHeadForSequenceClassification
 
 

@@ -2,7 +2,7 @@
 
 Each rank records its own micro-batch gradients (before ``graph.step()`` takes them), so the test rebuilds every
 rank's window gradient ``G_r`` (loss-denominator weighted), the reduced ``G_big`` and the expected smoothed
-estimate with :class:`flodl_hf.noise_scale.NoiseScale`, and compares them with El Che's state on every rank. It
+estimate with :class:`flodl_hf.elche.noise_scale.NoiseScale`, and compares them with El Che's state on every rank. It
 also checks that ``DdpConfig.simulate_sync`` stretches the synchronisation El Che measures.
 """
 
@@ -13,7 +13,7 @@ import torch
 
 from dist_helpers import run_ranks, values
 from flodl_hf import DdpConfig, Graph, Trainer
-from flodl_hf.noise_scale import NoiseScale
+from flodl_hf.elche.noise_scale import NoiseScale
 
 FEATURES, CLASSES, WINDOWS, ANCHOR = 5, 3, 3, 2
 SIZES = [3, 5]  # unequal on purpose: the weighted generalisation is what is checked

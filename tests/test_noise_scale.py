@@ -1,4 +1,4 @@
-"""The gradient-noise estimator (``flodl_hf.noise_scale``) on synthetic gradients of known mean and covariance."""
+"""The gradient-noise estimator (``flodl_hf.elche.noise_scale``) on synthetic gradients of known mean and covariance."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from flodl_hf.noise_scale import (
+from flodl_hf.elche.noise_scale import (
     NoiseScale,
     WindowNoise,
     adascale_gain,
@@ -208,7 +208,7 @@ def test_adascale_gain_matches_its_closed_form(g2, trace, m0, scale):
 
 
 def test_import_does_not_load_torch():
-    code = ("import sys, flodl_hf.noise_scale, flodl_hf.goodput, flodl_hf.el_che; "
+    code = ("import sys, flodl_hf.elche.noise_scale, flodl_hf.elche.goodput, flodl_hf.elche.scheduler; "
             "sys.exit(1 if 'torch' in sys.modules or 'torch.distributed' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
     assert math.isfinite(statistical_efficiency(1.0, 1, 1))

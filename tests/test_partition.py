@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flodl_hf.partition import epoch_permutation, rank_slice, steps_per_epoch
+from flodl_hf.elche.partition import epoch_permutation, rank_slice, steps_per_epoch
 
 
 def test_permutation_is_seeded_and_identical():

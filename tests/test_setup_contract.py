@@ -14,7 +14,7 @@ import torch
 import tiny_models
 from dist_helpers import run_ranks, values
 from flodl_hf import DdpConfig, Graph, Trainer
-from flodl_hf.partition import epoch_permutation
+from flodl_hf.elche.partition import epoch_permutation
 from heads import AutoHeadForSequenceClassification
 
 

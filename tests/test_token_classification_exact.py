@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from dist_helpers import run_ranks, values
-from flodl_hf.partition import epoch_permutation
+from flodl_hf.elche.partition import epoch_permutation
 from tokcls_helpers import TAGS, random_tagged, subword_config, subword_tokenizer
 
 SEED, LR, MOMENTUM = 7, 0.5, 0.9

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..partition import epoch_permutation, rank_slice
+from ..elche.partition import epoch_permutation, rank_slice
 from .device_model import DeviceModel
 from .meter import Meter, RunSpec
 from .workloads import WorkloadSpec, build_workload

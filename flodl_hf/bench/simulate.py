@@ -2,7 +2,7 @@
 
 Why it exists: ``flodl-hf bench`` measures El Che on real processes, which this project can afford for 2 to 4
 ranks only. What El Che does at 8 to 256 ranks (a mixed fleet, a real model's all-reduce) can only be *modelled*.
-This module runs the unchanged :class:`~flodl_hf.el_che.ElChe` in setup mode, fed exactly as
+This module runs the unchanged :class:`~flodl_hf.elche.scheduler.ElChe` in setup mode, fed exactly as
 ``flodl_hf.distributed.window`` feeds it, against a cost model; no process, collective or torch is involved.
 It is calibrated against the bench's measured 2- and 4-rank figures (see :data:`CPU_BENCH`), and it remains a
 model, not a measurement.
@@ -35,7 +35,7 @@ import random
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Optional, Sequence
 
-from ..el_che import ElChe
+from ..elche.scheduler import ElChe
 
 __all__ = ["CPU_BENCH", "DEFAULT_FLEET", "DEFAULT_RANKS", "MEASURED", "SimSettings", "calibrate",
            "fleet_speeds", "ideal_rate", "ring_allreduce_ms", "simulate", "simulate_one"]

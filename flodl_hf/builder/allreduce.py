@@ -21,7 +21,7 @@ __all__ = ["pieces", "reduce_scalars", "average_parameters", "average_gradients"
 
 GradNoise = tuple[float, float, int, float]
 """A SYNC round's gradient-noise inputs: ``(sum_r B_r |G_r|^2, sum_r B_r, ranks with B_r > 0, |G_big|^2)``, what
-:func:`flodl_hf.noise_scale.pooled_estimates` takes."""
+:func:`flodl_hf.elche.noise_scale.pooled_estimates` takes."""
 
 
 def squared_norm(tensors: Sequence[torch.Tensor]) -> float:

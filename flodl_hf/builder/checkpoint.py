@@ -2,11 +2,11 @@
 
 Why it exists: a checkpoint that is half-written when the machine dies is worse than none, and one that runs code
 when opened is worse still. ``checkpoint_fn(epoch)`` names the checkpoint's manifest (e.g. ``ckpt/epoch2.json``);
-beside it the tensors go to ``epoch2.0.safetensors`` or ``epoch2.1.safetensors`` (``flodl_hf.checkpoint_files``:
+beside it the tensors go to ``epoch2.0.safetensors`` or ``epoch2.1.safetensors`` (``flodl_hf.checkpoint.format``:
 JSON manifest with format version and SHA-256 checksums, safetensors for the weights, committed by renaming the
 manifest last). A reader therefore sees the previous checkpoint or the new one, never a torn one, and reading
 never unpickles: a legacy pickle written by an earlier flodl-hf is refused with the command that converts it
-(``flodl-hf convert-checkpoint --trust-pickle FILE``). Each write holds the path's lock (``flodl_hf.dirlock``),
+(``flodl-hf convert-checkpoint --trust-pickle FILE``). Each write holds the path's lock (``flodl_hf.files.dirlock``),
 so two runs writing the same checkpoint at once get a clear error instead of a mix.
 """
 
@@ -16,9 +16,9 @@ import os
 from pathlib import Path
 from typing import Any, Union
 
-from .. import dirlock
-from ..checkpoint_errors import ResumeError
-from ..checkpoint_files import read_state, refuse_legacy, write_state
+from ..files import dirlock
+from ..checkpoint.errors import ResumeError
+from ..checkpoint.format import read_state, refuse_legacy, write_state
 
 __all__ = ["write_checkpoint", "read_checkpoint", "CHECKPOINT_FORMAT"]
 

@@ -23,8 +23,8 @@ import queue
 import time
 from typing import Any, Optional
 
-from ..distributed.context import DistributedError
-from ..noise_scale import NoiseScale
+from ..distributed.errors import DistributedError
+from ..elche.noise_scale import NoiseScale
 from .board import Plan
 from .checkpoint import write_checkpoint
 from .resume import first_epoch as _first_epoch, resume_meta

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Optional, Sequence
 
-from ..el_che import ElChe
+from ..elche.scheduler import ElChe
 
 __all__ = ["DivergenceGuard", "AnchorControl", "OK", "HOLD", "SHRINK"]
 

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from ..distributed.context import DistributedError
+from ..distributed.errors import DistributedError
 from .board import Board
 from .data import pack_dataset
 from .inbox import release_write_ends

@@ -109,7 +109,7 @@ class AverageJob:
     want_state: bool
     noise: Optional[tuple[list[float], list[float], float]] = None
     """SYNC, set by the averager: ``(|G_r|^2 per participant, their samples, |G_big|^2)`` for
-    :meth:`flodl_hf.noise_scale.NoiseScale.update`."""
+    :meth:`flodl_hf.elche.noise_scale.NoiseScale.update`."""
 
 
 class Averager:

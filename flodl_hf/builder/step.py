@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..partition import epoch_permutation
+from ..elche.partition import epoch_permutation
 from .scalars import ScalarSink
 
 __all__ = ["Recipe", "Replica", "GlobalSchedule", "build_replica", "to_device", "unwrap_model"]

@@ -22,13 +22,10 @@ import torch.distributed as dist
 
 from ..config import DdpConfig
 from . import launch
+from .errors import DistributedError
 
 __all__ = ["DistContext", "init_context", "shutdown", "current_context", "DistributedError", "side_group",
            "missing_ranks"]
-
-
-class DistributedError(RuntimeError):
-    """A rank failed, vanished or disagreed with the others; raised on the surviving ranks."""
 
 
 @dataclass(frozen=True)
@@ -174,14 +171,25 @@ def _join_launched(config: DdpConfig) -> DistContext:
     return DistContext(rank, local_rank, world, device, backend, launcher, config.timeout_s)
 
 
+# Strong references to every live window runtime of this process, in creation order (the same on every rank): a
+# runtime must still be able to tell its peers "failed" after the user's objects are gone, and ``shutdown`` closes
+# them before the group goes. Window runtimes register themselves here, so this module never imports the window.
+OPEN_RUNTIMES: list[Any] = []
+
+
+def close_open_runtimes() -> None:
+    """Close every live window runtime of this process, in creation order."""
+    for runtime in list(OPEN_RUNTIMES):
+        runtime.close(None)
+    OPEN_RUNTIMES.clear()
+
+
 def shutdown() -> None:
     """Close every graph's window, leave the process group, and (on a launching rank 0) reap the child ranks."""
     global _CONTEXT, _SIDE_GROUP
-    from .window import close_all  # local import: window imports this module
-
     failure: Optional[BaseException] = None
     try:
-        close_all()
+        close_open_runtimes()
     except BaseException as exc:  # noqa: BLE001 - reported below, the group must still be torn down
         failure = exc
     # Free unreachable cycles (graphs, runtimes, gradient hooks) now, while torch is whole: left to the interpreter's

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .context import DistributedError
+from .errors import DistributedError
 from .param_hooks import ParamHooks
 
 __all__ = ["GradGuard"]

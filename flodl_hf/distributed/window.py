@@ -23,7 +23,7 @@ thread, a DataLoader with workers) keeps every step's metadata. A new El Che spl
 no rank has drawn yet (the *frontier*, reduced with the metadata), so read-ahead never splits a step two ways.
 Gradient noise, at no extra collective: each rank writes ``|G_r|^2`` (its weighted sum over its denominator
 ``D_r``, squared) beside ``D_r``; after the reduction ``|G_big|^2`` of the reduced gradient completes what
-``flodl_hf.noise_scale`` needs (a ``reduction="sum"`` loss has no item count, so it gives no estimate). The norms
+``flodl_hf.elche.noise_scale`` needs (a ``reduction="sum"`` loss has no item count, so it gives no estimate). The norms
 are read, never written: the update is unchanged.
 Overlap (``DdpConfig.overlap``): buckets go on the wire in one fixed order, metadata last; hooks start some during
 the last backward (``window_overlap``); a finished or failed rank continues the order, so shapes always match.
@@ -44,10 +44,11 @@ import torch
 import torch.distributed as dist
 
 from ..config import DdpConfig
-from ..el_che import ElChe
+from ..elche.scheduler import ElChe
 from .clock import ComputeClock
 from .collectives import broadcast_tensors
-from .context import DistContext, DistributedError, missing_ranks, side_group
+from .context import OPEN_RUNTIMES, DistContext, close_open_runtimes, missing_ranks, side_group
+from .errors import DistributedError
 from .window_grads import WindowGrads, micro_batch_weight
 from .window_meta import (_AHEAD, _BATCH, _COMPUTE, _DENOM, _FAILED, _FINISHED, _FLAG, _FRONTIER, _GRADSQ, _INDEX,
                           _MICRO, _REDSQ, _REDUCTION, _ROWS, _SAMPLES, _SEED, _SLOTS, _STEP, _SYNC, _USER, agree)
@@ -57,8 +58,7 @@ from .window_overlap import Arming, OverlapHooks
 
 __all__ = ["WindowRuntime", "close_all", "mark_failed"]
 
-# Strong references: a runtime must still be able to tell its peers "failed" after the user's objects are gone.
-_OPEN: list["WindowRuntime"] = []
+_OPEN = OPEN_RUNTIMES  # the context's registry of live runtimes (it closes them at shutdown)
 _PROCESS_FAILED = False
 
 
@@ -83,9 +83,7 @@ def _install_excepthook() -> None:
 
 def close_all() -> None:
     """Close every live window runtime of this process, in creation order (the same on every rank)."""
-    for runtime in list(_OPEN):
-        runtime.close(None)
-    _OPEN.clear()
+    close_open_runtimes()
 
 
 class WindowRuntime:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .context import DistributedError
+from .errors import DistributedError
 
 __all__ = ["agree"]
 

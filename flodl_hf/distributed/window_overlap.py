@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .context import DistributedError
+from .errors import DistributedError
 from .param_hooks import ParamHooks
 
 __all__ = ["OverlapHooks"]

@@ -1,28 +1,28 @@
 """Where a ``flodl-hf train`` job keeps its checkpoint, what it records there, and which resumes it refuses.
 
 It exists so that the training job (``flodl_hf.job.run``) and its loop (``flodl_hf.job.loop``) share one set of
-rules about the checkpoint directory, kept apart from the engine's file format (``flodl_hf.checkpoint``):
+rules about the checkpoint directory, kept apart from the engine's file format (``flodl_hf.checkpoint.graph_state``):
 
 - The directory is ``--checkpoint-dir``, else the ``--resume`` directory, else ``<output-dir>.checkpoint`` beside
   the output directory (outside it, so the output directory is still written in one atomic swap at the end).
   It holds the engine's checkpoint (``checkpoint.json`` and its ``checkpoint.{0,1}.safetensors``, the safe format
-  of ``flodl_hf.checkpoint_files``) and, with ``--report-to tensorboard``, the live ``runs/`` event files.
-- The job locks the checkpoint and output directories for the whole run (``flodl_hf.dirlock``, taken in
+  of ``flodl_hf.checkpoint.format``) and, with ``--report-to tensorboard``, the live ``runs/`` event files.
+- The job locks the checkpoint and output directories for the whole run (``flodl_hf.files.dirlock``, taken in
   ``flodl_hf.job.run``): a second run on either is refused naming the first.
 - ``--resume`` reads the job plan from the manifest alone (JSON, checksum verified; no tensor, no torch, never a
   pickle); a legacy ``checkpoint.pt`` is refused with the ``flodl-hf convert-checkpoint --trust-pickle`` command.
 - A fresh run refuses a directory that already holds a checkpoint (resume it, or pass ``--overwrite``).
 - The job records a *plan* in the checkpoint's ``extra``: every setting that decides which rows, in which order,
   through which model. Resuming with any of them changed is refused with one
-  :class:`~flodl_hf.checkpoint.ResumeError` line naming the setting, both values and the fix. The learning rate
+  :class:`~flodl_hf.checkpoint.graph_state.ResumeError` line naming the setting, both values and the fix. The learning rate
   may change on resume (e.g. lower it after a divergence); the output directory and reporting options too.
-- The device count may change (elastic resume, ``flodl_hf.elastic``): ``--devices`` with another number of
+- The device count may change (elastic resume, ``flodl_hf.checkpoint.elastic``): ``--devices`` with another number of
   devices continues the epoch at the same sample, and the warmup/decay schedule is rescaled to the micro-steps
   that remain on the new devices (``LinearSchedule.continue_over``). Each resume is recorded with the device
   counts before and after (``metrics.json`` ``resumed``, the model card's "resumed" row).
 - After a successful run the job removes what it wrote there (the checkpoint files, ``runs/``, the directory when
   it created it and it is left empty), unless ``--keep-checkpoint``. It deletes or replaces only what the
-  directory's ownership marker records (``flodl_hf.ownership``): a user's files there are never touched.
+  directory's ownership marker records (``flodl_hf.files.ownership``): a user's files there are never touched.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .. import ownership
-from ..checkpoint_errors import ResumeError
-from ..checkpoint_files import read_manifest, refuse_legacy, slot_names
+from ..files import ownership
+from ..checkpoint.errors import ResumeError
+from ..checkpoint.format import read_manifest, refuse_legacy, slot_names
 
-#: The engine's checkpoint manifest (``flodl_hf.checkpoint.CHECKPOINT_FILE``; not imported: that pulls in torch).
+#: The engine's checkpoint manifest (``flodl_hf.checkpoint.graph_state.CHECKPOINT_FILE``; not imported: that pulls in torch).
 CHECKPOINT_FILE = "checkpoint.json"
 #: Everything a job's checkpoint is made of (the manifest and its two tensor slots).
 CHECKPOINT_FILES = (CHECKPOINT_FILE, *slot_names(CHECKPOINT_FILE))
@@ -97,7 +97,7 @@ def job_plan(settings: Any, sources: Any, labels: list, world_size: Optional[int
 def read_job_state(directory: str) -> dict:
     """The job state (``extra``) of the checkpoint in ``directory``, from its manifest alone (verified JSON; the
     tensors are checked when the engine loads them). A legacy pickle is refused, never opened."""
-    from ..checkpoint_tree import decode
+    from ..checkpoint.tree import decode
 
     path = Path(directory)
     target = path / CHECKPOINT_FILE if path.is_dir() or not path.exists() else path

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..checkpoint import CHECKPOINT_FILE
+from ..checkpoint.graph_state import CHECKPOINT_FILE
 from ..interrupt import GracefulInterrupt
 from .outputs import el_che_scalars
 

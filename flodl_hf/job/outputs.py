@@ -252,9 +252,9 @@ def training_table(metrics: dict) -> dict:
 def write_outputs(head: Any, settings: Any, sources: Any, metrics: dict, started: float,
                   runs_dir: Optional[Path] = None) -> None:
     """Write the output directory in one atomic swap: model files, card, metrics.json, loss curve, runs/."""
-    from ..cards import CardInfo, write_model_card
+    from ..export.cards import CardInfo, write_model_card
     from ..metrics import plot_loss_curve
-    from ..ownership import staged_output_dir
+    from ..files.ownership import staged_output_dir
 
     with staged_output_dir(settings.output_dir, overwrite=settings.overwrite) as staging:
         head.save_pretrained(str(staging))

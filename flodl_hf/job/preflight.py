@@ -25,7 +25,7 @@ def is_main_process() -> bool:
 def check_train(settings: Any, sources: Any) -> Path:
     """Every refusal of ``flodl-hf train`` that needs neither the data's rows nor the model loaded; returns the
     checkpoint directory. Call it before anything slow (torch is not imported unless --devices names a GPU)."""
-    from .. import ownership
+    from ..files import ownership
     from .checkpoints import checkpoint_dir_for
 
     output = Path(settings.output_dir)
@@ -50,7 +50,7 @@ def check_train(settings: Any, sources: Any) -> Path:
         raise FileNotFoundError(f"data file not found: {sources.data_path}: give an existing file, a saved datasets "
                                 "directory or a Hub dataset id with --data")
     if settings.eval_data is not None and not Path(settings.eval_data).exists():
-        from ..datasources import looks_like_hub_id
+        from ..data.sources import looks_like_hub_id
 
         if not looks_like_hub_id(settings.eval_data):
             raise FileNotFoundError(f"--eval-data {settings.eval_data}: no such file or directory: give an "

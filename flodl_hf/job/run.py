@@ -70,7 +70,7 @@ def _resolve(settings: TrainSettings) -> _Sources:
                         settings.text_column or defaults.CORPUS_TEXT_COLUMN,
                         settings.label_column or defaults.CORPUS_LABEL_COLUMN,
                         settings.encoding or defaults.CORPUS_ENCODING, packaged_model, True)
-    from ..datasources import looks_like_hub_id
+    from ..data.sources import looks_like_hub_id
 
     data_path = Path(settings.data)
     hub_id = str(settings.data) if looks_like_hub_id(settings.data) else None
@@ -127,9 +127,9 @@ def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], No
 
 
 def _lock_directories(settings: TrainSettings, checkpoint_dir: Path) -> list:
-    """Lock the checkpoint and output directories for this run (``flodl_hf.dirlock``): a second run writing
+    """Lock the checkpoint and output directories for this run (``flodl_hf.files.dirlock``): a second run writing
     either is refused naming this one."""
-    from .. import dirlock
+    from ..files import dirlock
 
     locks = [dirlock.acquire(checkpoint_dir, "checkpoint directory", "choose another --checkpoint-dir")]
     try:
@@ -143,7 +143,7 @@ def _lock_directories(settings: TrainSettings, checkpoint_dir: Path) -> list:
 def _run(settings: TrainSettings, head_cls: Any, sources: "_Sources", started: float,
          log: Callable[[str], None]) -> dict:
     """The job after its preflight, with its directories locked."""
-    from .. import ownership
+    from ..files import ownership
     from .checkpoints import check_plan, job_plan, prepare_checkpoints, remove_job_checkpoint, start_or_resume
     from .outputs import require_tensorboard
     from .preflight import check_label_order

@@ -101,7 +101,7 @@ def _eval_rows(args: argparse.Namespace, task: str, head: Any) -> Any:
 
 def cmd_eval(args: argparse.Namespace, task: str, head_cls: Any) -> int:
     """``flodl-hf eval`` of a token-classification, QA or fill-mask model: the task's scores on ``--data``."""
-    from ..ownership import check_output_file, writable_parent
+    from ..files.ownership import check_output_file, writable_parent
     from .report import scalar_scores
     from .scoring import headline, score
 
@@ -114,7 +114,7 @@ def cmd_eval(args: argparse.Namespace, task: str, head_cls: Any) -> int:
     summary = score(head, task, rows, args.batch_size, progress=not args.no_progress)
     print(f"{headline(summary, task)} rows={len(rows)} task={task} model={args.model} data={args.data}")
     if args.json:
-        from ..atomic import atomic_path
+        from ..files.atomic import atomic_path
 
         record = dict(summary, **scalar_scores(summary), generator="flodl-hf", kind="eval", task=task,
                       model=str(args.model), data=str(args.data), split=args.split,

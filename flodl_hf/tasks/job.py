@@ -45,7 +45,7 @@ class _Sources:
 
 def _resolve(ts: TaskSettings) -> _Sources:
     from .. import defaults
-    from ..datasources import looks_like_hub_id
+    from ..data.sources import looks_like_hub_id
     from .corpora import PACKAGED_TASK_DATA
 
     settings = ts.train
@@ -161,7 +161,7 @@ def _baselines(task: str, eval_rows: Rows) -> dict:
 
 def _run(ts: TaskSettings, head_cls: Any, sources: _Sources, checkpoint_dir: Path, started: float,
          log: Callable[[str], None]) -> dict:
-    from .. import ownership
+    from ..files import ownership
     from ..job.checkpoints import check_plan, job_plan, prepare_checkpoints, remove_job_checkpoint
 
     settings, task = ts.train, ts.task
@@ -186,7 +186,7 @@ def _run(ts: TaskSettings, head_cls: Any, sources: _Sources, checkpoint_dir: Pat
     if saved is not None:
         check_plan(saved["plan"], plan, settings.resume)
         if saved["plan"].get("task", "text-classification") != task:
-            from ..checkpoint_errors import ResumeError
+            from ..checkpoint.errors import ResumeError
 
             raise ResumeError(f"cannot resume from {settings.resume}: it was written with --task "
                               f"{saved['plan'].get('task', 'text-classification')} but this run has --task {task}; "

@@ -4,7 +4,7 @@ card, metrics.json, loss curve), written in one atomic swap.
 It exists to keep :mod:`flodl_hf.tasks.job` about training while reusing the text-classification job's reporting:
 the training table of the card (``flodl_hf.job.outputs.training_table``: devices, El Che, precision, epochs,
 batch, LR, steps, resumes), El Che's figures, the loss curve and the atomic, ownership-checked output directory
-(``flodl_hf.ownership.staged_output_dir``: only a directory flodl-hf created is ever replaced, with
+(``flodl_hf.files.ownership.staged_output_dir``: only a directory flodl-hf created is ever replaced, with
 ``--overwrite``).
 """
 
@@ -65,10 +65,10 @@ def _baselines_shown(metrics: dict) -> dict:
 
 def write_task_outputs(head: Any, task: str, settings: Any, sources: Any, metrics: dict, started: float) -> None:
     """Write the output directory in one atomic swap: model files, card, metrics.json, loss curve."""
-    from ..cards import write_task_card
+    from ..export.cards import write_task_card
     from ..job.outputs import training_table
     from ..metrics import plot_loss_curve
-    from ..ownership import staged_output_dir
+    from ..files.ownership import staged_output_dir
 
     with staged_output_dir(settings.output_dir, overwrite=settings.overwrite) as staging:
         head.save_pretrained(str(staging))

@@ -4,7 +4,7 @@ It exists so that ``flodl-hf train / eval --task token-classification`` read the
 each bad row named (file, row, the fix), and hand the head ``(words, tag names)`` items:
 
 * **Columns** (JSON lines, JSON, parquet / arrow, a saved ``datasets`` directory or a Hub id, through
-  ``flodl_hf.datasources``): a word-list column ``words`` or ``tokens`` and a tag-list column ``tags`` or
+  ``flodl_hf.data.sources``): a word-list column ``words`` or ``tokens`` and a tag-list column ``tags`` or
   ``ner_tags``. Tags are names (``B-PER``) or integer ids; ids need names: a ``datasets`` ``ClassLabel`` feature
   (``Sequence(ClassLabel)``, as in conll2003) or ``--labels`` in id order.
 * **CoNLL** (``.conll``, ``.iob``, ``.iob2``, ``.bio``, ``.txt``): one word per line, whitespace-separated columns,
@@ -37,7 +37,7 @@ def order_tags(names: Sequence[str]) -> list[str]:
 
 def read_conll(path: Union[str, Path], encoding: Optional[str] = None) -> list[tuple[list[str], list[str]]]:
     """The sentences of a CoNLL file as ``(words, tags)``; a line without a tag column is refused by number."""
-    from ..datasources import _decode
+    from ..data.sources import _decode
 
     path = Path(path)
     text = _decode(path.read_bytes(), encoding, str(path))
@@ -80,8 +80,8 @@ def _pick(columns: Sequence[str], wanted: Optional[str], choices: Sequence[str],
 
 def _rows_from_table(source: Union[str, Path], words_column: Optional[str], tags_column: Optional[str],
                      encoding: Optional[str], split: Optional[str], prefer: Sequence[str]) -> tuple:
-    from ..datasources import read_table
-    from ..labels import class_label_names
+    from ..data.sources import read_table
+    from ..data.labels import class_label_names
 
     table = read_table(source, split=split, encoding=encoding, prefer=prefer)
     words_col = _pick(table.columns, words_column, WORD_COLUMNS, "word-list", "--text-column", table.name)

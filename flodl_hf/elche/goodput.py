@@ -8,9 +8,9 @@ calls the product *goodput*; El Che maximises it. Both factors come from figures
   adds ``s`` of synchronisation that does not grow with A, so samples per second are ``A M0 / (A c + s)``.
   Relative to a sync-free run that is ``A / (A + o1)`` with ``o1 = s / c``, the window's overhead at anchor 1 (the
   median of the last five windows, as the overhead rule uses).
-- **Statistical efficiency**, from the gradient noise scale (``flodl_hf.noise_scale``), relative to ``M0`` *at
+- **Statistical efficiency**, from the gradient noise scale (``flodl_hf.elche.noise_scale``), relative to ``M0`` *at
   the user's unchanged learning rate* (El Che does not scale it): ``E(A) = (1 + k (1 - 1/A)) / A`` with
-  ``k = rho / (1 + rho)``, ``rho = B_noise / M0`` (:func:`flodl_hf.noise_scale.fixed_lr_efficiency`).
+  ``k = rho / (1 + rho)``, ``rho = B_noise / M0`` (:func:`flodl_hf.elche.noise_scale.fixed_lr_efficiency`).
 
 ``goodput(A) = A / (A + o1) * E(A) = (1 + k (1 - 1/A)) / (A + o1)``: 1.0 would be anchor 1 with free
 synchronisation. Between 1 and 2 the switch is at ``k (1 + o1) = 2``: since ``k < 1``, a longer window pays only

@@ -273,7 +273,7 @@ def remove_owned(directory: PathLike, names: Sequence[str]) -> None:
 
 def remove_stale_temporaries(directory: PathLike, names: Sequence[str]) -> None:
     """Remove what an interrupted atomic write of one of ``names`` left in ``directory``: exactly the temporary
-    names ``flodl_hf.atomic`` makes (``.NAME.XXXXXXXX.tmp`` files, ``.NAME.partial-XXXXXXXX`` and
+    names ``flodl_hf.files.atomic`` makes (``.NAME.XXXXXXXX.tmp`` files, ``.NAME.partial-XXXXXXXX`` and
     ``.NAME.old-XXXXXXXX`` directories), nothing else."""
     directory = Path(directory)
     if not directory.is_dir():

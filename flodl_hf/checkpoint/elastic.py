@@ -1,9 +1,9 @@
 """Elastic resume: what a setup-mode checkpoint written on N ranks gives each of M ranks that resume it.
 
 It exists so that the rules for a change of device count live in one place, apart from the file format
-(``flodl_hf.checkpoint``):
+(``flodl_hf.checkpoint.graph_state``):
 
-- **Position.** The epoch continues at the same *sample* of its permutation (``flodl_hf.position``): every
+- **Position.** The epoch continues at the same *sample* of its permutation (``flodl_hf.checkpoint.position``): every
   remaining sample of the interrupted epoch is seen exactly once, none twice. Checkpoints of the older form, which
   recorded ``(epoch, steps done)``, are read with the global batch they were written with.
 - **Model and optimizer.** Replicas are identical in setup mode, so rank 0's weights and optimizer state apply to

@@ -2,7 +2,7 @@
 
 Why it exists: the split must be exact integers summing to the global batch, each at least one sample and within
 its rank's memory cap, and as close as possible to the speed-proportional quotas. Kept apart from the scheduler
-(``flodl_hf.el_che``) because it is plain arithmetic with its own invariants.
+(``flodl_hf.elche.scheduler``) because it is plain arithmetic with its own invariants.
 """
 
 from __future__ import annotations

@@ -7,11 +7,11 @@ wants the logit comparison passes a ``head_loader`` (path -> head with ``encode`
 covers short sentences, texts of 2x and 5x the tokenizer's ``model_max_length`` and sentence pairs, because
 ``pipeline("text-classification", truncation=True)`` agrees with ``predict`` only when the saved tokenizer states
 the length the model trained with (a head's ``save_pretrained`` and :func:`export_model_dir` both write it).
-Pushing to the Hub lives in :mod:`flodl_hf.hub` (:func:`push_output_dir` is re-exported here). The other tasks'
+Pushing to the Hub lives in :mod:`flodl_hf.export.hub` (:func:`push_output_dir` is re-exported here). The other tasks'
 directories (token classification, QA, masked LM) are verified by ``flodl_hf.tasks.verify`` with this report.
 
 Output directories are built in a temporary sibling and renamed into place at the end
-(:func:`flodl_hf.ownership.staged_output_dir`), so an interrupted run never leaves a half-written directory; a
+(:func:`flodl_hf.files.ownership.staged_output_dir`), so an interrupted run never leaves a half-written directory; a
 non-empty directory not written by flodl-hf is never replaced.
 """
 
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
-from . import ownership
-from .ownership import staged_output_dir
-from .quiet import quiet_transformers
+from ..files import ownership
+from ..files.ownership import staged_output_dir
+from ..quiet import quiet_transformers
 
 __all__ = ["VerifyReport", "verify_model_dir", "export_model_dir", "MARKER_FILE", "DEFAULT_VERIFY_SENTENCES",
            "LONG_TEXT_FACTORS", "long_verify_texts", "trained_max_length", "push_output_dir"]
@@ -127,7 +127,7 @@ def verify_model_dir(path: Union[str, Path], *, head_loader: Optional[Callable[[
     except Exception as exc:  # noqa: BLE001 - any loading failure is the verdict, reported in one line
         report.problems.append(f"transformers could not load it: {type(exc).__name__}: {exc}")
         return report
-    from .preflight import TOKENIZER_FILES
+    from ..preflight import TOKENIZER_FILES
 
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         report.problems.append("no tokenizer files (tokenizer.json, vocab.txt, ...): transformers built an empty or "
@@ -307,7 +307,7 @@ def export_model_dir(source: Union[str, Path], output: Union[str, Path], *, over
 
     The tokenizer's ``model_max_length`` becomes ``max_length``; None: the ``max_length`` the flodl-hf run trained
     with (``metrics.json``), else the tokenizer's own. So ``pipeline(..., truncation=True)`` on the export truncates
-    like ``flodl-hf predict``. A copied card's metadata is brought to the Hub conventions of ``flodl_hf.cards``.
+    like ``flodl-hf predict``. A copied card's metadata is brought to the Hub conventions of ``flodl_hf.export.cards``.
 
     A ``source`` without tokenizer files is refused unless ``tokenizer`` names a directory to take it from (an
     export with an empty tokenizer would load and give meaningless predictions). ``model_class``: the transformers
@@ -317,7 +317,7 @@ def export_model_dir(source: Union[str, Path], output: Union[str, Path], *, over
 
     model_class = AutoModelForSequenceClassification if model_class is None else model_class
 
-    from .preflight import check_model_dir
+    from ..preflight import check_model_dir
 
     source = Path(source)
     check_model_dir(source, tokenizer=tokenizer is None)
@@ -372,9 +372,9 @@ def _upgrade_card(path: Path) -> None:
 
 
 def push_output_dir(path: Union[str, Path], repo_id: str, **kwargs: Any) -> Any:
-    """Upload a model directory to the Hub repository ``repo_id``: see :func:`flodl_hf.hub.push_output_dir`
+    """Upload a model directory to the Hub repository ``repo_id``: see :func:`flodl_hf.export.hub.push_output_dir`
     (keywords ``token``, ``private``, ``revision``, ``commit_message``, ``create_pr``) and
-    :func:`flodl_hf.hub.plan_push` for what is sent."""
+    :func:`flodl_hf.export.hub.plan_push` for what is sent."""
     from .hub import push_output_dir as push
 
     return push(path, repo_id, **kwargs)

@@ -4,7 +4,7 @@ Why it exists: the first checkpoints were one ``torch.save`` pickle, and opening
 training directory, a downloaded run) can run arbitrary code. Here nothing is ever unpickled:
 
 * ``NAME.json`` (the **manifest**, e.g. ``checkpoint.json``) holds everything that is not a tensor, as JSON
-  (``flodl_hf.checkpoint_tree`` says how tuples, integer keys and NumPy arrays are written), plus
+  (``flodl_hf.checkpoint.tree`` says how tuples, integer keys and NumPy arrays are written), plus
   ``"format": "flodl-hf-checkpoint"``, ``"version"`` (:data:`FORMAT_VERSION`), ``"kind"`` (``setup`` for
   ``graph.save_checkpoint`` and ``flodl-hf train``, ``builder`` for builder mode), the name, size and SHA-256 of
   its tensors file, and its own SHA-256 (over its canonical JSON), so a flipped byte anywhere is detected.
@@ -16,7 +16,7 @@ manifest (temporary file, fsync, rename), then deletes the old slot; it first re
 write left (flodl-hf's own temporary names only). A reader, or a process killed at any instant,
 therefore finds the old manifest with its complete slot or the new manifest with its complete slot: the rename of
 the manifest is the commit. A failed write (full disk, read-only directory) raises
-:class:`~flodl_hf.checkpoint_errors.CheckpointWriteError` naming the file, removes what it had written, and leaves
+:class:`~flodl_hf.checkpoint.errors.CheckpointWriteError` naming the file, removes what it had written, and leaves
 the previous checkpoint loadable. A write never replaces a manifest or slot file that is not flodl-hf's.
 
 Reading checks, before any tensor is parsed: the manifest is JSON (a pickle ``.pt`` is refused as a legacy
@@ -41,9 +41,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from .atomic import atomic_path, default_file_mode
-from .ownership import remove_stale_temporaries
-from .checkpoint_errors import CheckpointError, CheckpointWriteError, ResumeError
+from ..files.atomic import atomic_path, default_file_mode
+from ..files.ownership import remove_stale_temporaries
+from .errors import CheckpointError, CheckpointWriteError, ResumeError
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "STAGES", "FAULT_ENV", "LEGACY_FIX", "slot_names", "write_state",
            "read_manifest", "read_state", "looks_like_pickle", "legacy_refusal", "refuse_legacy"]
@@ -198,7 +198,7 @@ def _save_tensors(tensors: dict, tmp: Path) -> tuple[int, str]:
 def write_state(manifest: PathLike, state: Any, kind: str) -> Path:
     """Write ``state`` (a nested dict of tensors and plain values) as the checkpoint ``manifest`` names, atomically
     (see the module docstring); returns the manifest path. The caller holds the directory's lock."""
-    from .checkpoint_tree import encode
+    from .tree import encode
 
     target = Path(manifest)
     json_state, tensors = encode(state)  # an unstorable value is refused before anything is written
@@ -221,7 +221,7 @@ def write_state(manifest: PathLike, state: Any, kind: str) -> Path:
             _fault("tensors-written", tmp)
         slot_in_place = True
         _fault("tensors-renamed", new_path)
-        from . import __version__
+        from .. import __version__
 
         record = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "kind": kind,
                   "written_by": f"flodl-hf {__version__}",
@@ -291,7 +291,7 @@ def read_state(path: PathLike, kind: Optional[str] = None) -> dict:
     """The state :func:`write_state` wrote at ``path``, every file verified (see the module docstring)."""
     from safetensors.torch import load_file
 
-    from .checkpoint_tree import decode
+    from .tree import decode
 
     path = Path(path)
     record = read_manifest(path, kind)

@@ -1,8 +1,8 @@
 """The exceptions of flodl-hf's checkpoint files, in one torch-free module.
 
 It exists so that the CLI's early refusals (``flodl_hf.job.checkpoints`` reads a checkpoint's job plan before torch
-is imported), the engine (``flodl_hf.checkpoint``), the builder (``flodl_hf.builder.checkpoint``) and the lock
-(``flodl_hf.dirlock``) raise the same types. All are ``ValueError`` subclasses, so the CLI prints them as one
+is imported), the engine (``flodl_hf.checkpoint.graph_state``), the builder (``flodl_hf.builder.checkpoint``) and the lock
+(``flodl_hf.files.dirlock``) raise the same types. All are ``ValueError`` subclasses, so the CLI prints them as one
 ``flodl-hf: error:`` line (exit 2) and a script can catch them as bad input:
 
 * :class:`CheckpointError`: the base.

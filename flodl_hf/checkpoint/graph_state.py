@@ -1,7 +1,7 @@
 """Checkpoint and resume for a Graph: everything needed to continue a run as if it had never stopped.
 
 A checkpoint is written by rank 0 (replicas are identical) into a directory, in the safe format of
-``flodl_hf.checkpoint_files``: ``checkpoint.json`` (positions, settings, optimizer and scheduler non-tensor state,
+``flodl_hf.checkpoint.format``: ``checkpoint.json`` (positions, settings, optimizer and scheduler non-tensor state,
 El Che state, Python and NumPy RNG states, the job's ``extra``; format version and SHA-256 checksums) and
 ``checkpoint.0.safetensors`` or ``checkpoint.1.safetensors`` (the module's weights, the optimizer's tensors, every
 rank's torch / CUDA RNG states). It holds the module's weights, the optimizer and LR-scheduler states, the El Che
@@ -11,13 +11,13 @@ and samples of the epoch's permutation consumed: ``epoch_position``), the optimi
 uninterrupted run's losses exactly. Loading never unpickles: a legacy ``checkpoint.pt`` (a pickle) is refused with
 the command that converts it (``flodl-hf convert-checkpoint --trust-pickle DIR``).
 
-The first save into a directory locks it for the rest of the process (``flodl_hf.dirlock``): another process that
+The first save into a directory locks it for the rest of the process (``flodl_hf.files.dirlock``): another process that
 saves there is refused with a line naming this one. A failed write (full disk, read-only directory) raises
 ``CheckpointWriteError`` and leaves the previous checkpoint loadable.
 
 A checkpoint written on N ranks resumes on any number M of ranks (elastic resume): the epoch continues at the same
 sample, rank 0's weights and optimizer state apply to every rank, El Che recalibrates, and ranks beyond the old
-world get derived RNG states. What is carried and what is not: ``flodl_hf.elastic``.
+world get derived RNG states. What is carried and what is not: ``flodl_hf.checkpoint.elastic``.
 
 Checkpoints are taken at a window boundary (right after a ``graph.step()`` that stepped the optimizer).
 """
@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 
-from . import dirlock
-from .checkpoint_errors import ResumeError
-from .checkpoint_files import read_state, refuse_legacy, write_state
+from ..files import dirlock
+from .errors import ResumeError
+from .format import read_state, refuse_legacy, write_state
 from .elastic import derived_seed, restore_el_che, saved_position, seed_everything
 from .position import EpochPosition
 
 if TYPE_CHECKING:
-    from .graph import Graph
+    from ..graph import Graph
 
 __all__ = ["CHECKPOINT_FILE", "LEGACY_FILE", "ResumeError", "save_checkpoint", "load_checkpoint",
            "find_checkpoint"]
@@ -82,7 +82,7 @@ def _gather_rng(graph: "Graph") -> list[dict]:
         return [own]
     import torch.distributed as dist
 
-    from .distributed.context import side_group
+    from ..distributed.context import side_group
 
     gathered: list[Optional[dict]] = [None] * graph.world_size
     dist.all_gather_object(gathered, own, group=side_group())  # gloo beside NCCL: a lost peer raises at once
@@ -182,7 +182,7 @@ def load_checkpoint(graph: "Graph", directory: Union[str, Path]) -> dict:
     graph.training_step = int(state["training_step"])
     if graph.rank < len(rng):
         _set_rng_state(rng[graph.rank])
-    else:  # a rank the old run did not have (flodl_hf.elastic)
+    else:  # a rank the old run did not have (flodl_hf.checkpoint.elastic)
         seed_everything(derived_seed(int(plan["seed"]), graph.training_step, graph.rank))
     graph._seed = int(plan["seed"])
     graph.resume_from(position)

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from .ownership import MARKER
+from ..files.ownership import MARKER
 
 __all__ = ["plan_push", "push_output_dir", "check_push_access", "check_repo_id", "hub_offline", "SKIPPED_FILES"]
 
@@ -43,7 +43,7 @@ def plan_push(path: Union[str, Path]) -> list:
     """The ``CommitOperationAdd`` list that pushing ``path`` would send, sorted by path in the repository.
 
     Needs no network. Refuses (ValueError / FileNotFoundError) a directory without config.json, weights, tokenizer
-    files or a model card (README.md), and a card that :func:`flodl_hf.cards.check_model_card` rejects. Every file
+    files or a model card (README.md), and a card that :func:`flodl_hf.export.cards.check_model_card` rejects. Every file
     under ``path`` is uploaded except :data:`SKIPPED_FILES`.
     """
     from huggingface_hub import CommitOperationAdd

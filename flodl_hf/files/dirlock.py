@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional, Union
 
-from .checkpoint_errors import CheckpointLockedError, CheckpointWriteError
+from ..checkpoint.errors import CheckpointLockedError, CheckpointWriteError
 
 try:
     import fcntl

@@ -22,8 +22,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from .el_che_split import largest_remainder as _largest_remainder
-from .el_che_split import water_fill as _water_fill
+from .split import largest_remainder as _largest_remainder
+from .split import water_fill as _water_fill
 from .goodput import combined_anchor
 from .noise_scale import WindowNoise
 
@@ -96,7 +96,7 @@ class ElChe:
       windows run at different anchors compare. From three windows on the anchor
       follows ``anchor_rule`` on ``median(o1)`` (last five windows: one spike is
       ignored). ``"goodput"`` (default): throughput x statistical efficiency from
-      the gradient noise scale (``flodl_hf.goodput``, ``flodl_hf.noise_scale``),
+      the gradient noise scale (``flodl_hf.elche.goodput``, ``flodl_hf.elche.noise_scale``),
       ``overhead_target`` (if set) a floor; ``"throughput"``: the overhead rule
       alone (tau 0.10 by default). The noise estimate is updated by every report
       that carries one, even frozen or disabled (a measurement, in :attr:`history`).
@@ -281,7 +281,7 @@ class ElChe:
 
     @property
     def anchor_rule(self) -> str:
-        """``"goodput"`` or ``"throughput"`` (see ``flodl_hf.goodput``)."""
+        """``"goodput"`` or ``"throughput"`` (see ``flodl_hf.elche.goodput``)."""
         return self._anchor_rule
 
     @property
@@ -395,7 +395,7 @@ class ElChe:
         ``grad_sq``, ``grad_items``, ``reduced_grad_sq`` (setup mode, all or none):
         each rank's squared norm of its own window gradient, its loss-denominator
         items, and the squared norm of the reduced gradient; they feed the noise
-        estimate (``flodl_hf.noise_scale``) the goodput rule uses. ``noise_micro_batches``:
+        estimate (``flodl_hf.elche.noise_scale``) the goodput rule uses. ``noise_micro_batches``:
         the micro-batches of the window those three describe, when it is an earlier
         window than the timing figures' (default ``micro_batches``).
         """
@@ -436,7 +436,7 @@ class ElChe:
                         self._ms[r] = alpha * new + (1 - alpha) * m
             if self._enabled:
                 # 2. Anchor. Setup: goodput (or the overhead rule) on the median per-micro-batch overhead,
-                # see flodl_hf.goodput. Builder: jump up on overhead, decay by one when well under target.
+                # see flodl_hf.elche.goodput. Builder: jump up on overhead, decay by one when well under target.
                 tau = self._overhead_target
                 if compute > 0 and sync_ms > 0 and self._mode == "setup":
                     self._overheads.append(sync_ms * n_micro / compute)

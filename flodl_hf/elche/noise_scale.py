@@ -4,7 +4,7 @@ Why it exists: how much a larger effective batch helps depends on how noisy the 
 (2018, "An Empirical Model of Large-Batch Training") call ``B_noise = tr(Sigma) / |G|^2`` the *gradient noise
 scale*: batches well below it make nearly linear progress per sample, batches well above it waste samples. Pollux
 (OSDI 2021) turns it into the statistical efficiency of a batch, which El Che multiplies with its throughput model
-to choose the window (``flodl_hf.goodput``). This module only does arithmetic on floats, so it is unit-tested on
+to choose the window (``flodl_hf.elche.goodput``). This module only does arithmetic on floats, so it is unit-tested on
 synthetic gradients and carries no torch or torch.distributed import.
 
 The inputs of one window, at no extra collective (``flodl_hf.distributed.window`` sends them in the metadata prefix

@@ -57,7 +57,7 @@ def rank_slice(perm: torch.Tensor, step: int, global_batch: int, sizes: Sequence
     """Indices rank ``rank`` takes at ``step`` and how many of them are padding.
 
     ``start`` / ``end``: the steps cover positions ``[start, end)`` of ``perm`` (default: all of it); a resumed
-    epoch starts at the position its checkpoint recorded (``flodl_hf.position``).
+    epoch starts at the position its checkpoint recorded (``flodl_hf.checkpoint.position``).
 
     ``sizes`` are the per-rank micro-batch sizes (summing to ``global_batch``). A final partial step (only with
     ``drop_last=False``) is shared out in the same proportions; a rank whose share is zero gets one padding sample

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numbers
 from typing import TYPE_CHECKING, Any
 
-from .checkpoint_errors import CheckpointError, ResumeError
+from .errors import CheckpointError, ResumeError
 
 if TYPE_CHECKING:
     import torch

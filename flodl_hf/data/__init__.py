@@ -1,8 +1,8 @@
-"""Labelled text loading: every source ``flodl_hf.datasources`` reads, into one small dataset type.
+"""Labelled text loading: every source ``flodl_hf.data.sources`` reads, into one small dataset type.
 
 It exists so that every entry point (the CLI, scripts, tests) turns a user's data into training items the same
 way, and fails on bad input with one message that names the source, the row or column, and the fix. Reading files,
-splits and Hub ids is ``flodl_hf.datasources``' job; matching labels by name is ``flodl_hf.labels``'.
+splits and Hub ids is ``flodl_hf.data.sources``' job; matching labels by name is ``flodl_hf.data.labels``'.
 
 Decisions, stated once:
 
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
-from .datasources import SUPPORTED_SUFFIXES, read_table
+from .sources import SUPPORTED_SUFFIXES, read_table
 from .labels import MAX_LABELS, class_label_names, map_multi_labels, map_single_labels, regression_targets
 
 __all__ = ["TextDataset", "load_text_classification", "SUPPORTED_SUFFIXES", "PROBLEM_TYPES", "MAX_LABELS"]
