@@ -5,7 +5,7 @@ reach transformers' ``from_pretrained`` of the config, the model and the tokeniz
 ``trust_remote_code=True`` is refused with the reason: a head wraps the known transformers class of one of six
 families, and every device's replica is rebuilt from that class (``on_device``), which code fetched from a
 repository cannot guarantee. Pushing saves the head to a temporary directory with a model card and sends it through
-:mod:`flodl_hf.hub`, whose operation list is testable offline.
+:mod:`flodl_hf.export.hub`, whose operation list is testable offline.
 """
 
 from __future__ import annotations
@@ -112,8 +112,8 @@ def load_options(
 
 def write_push_dir(head: Any, directory: Union[str, os.PathLike], *, name: str, card: Any = None) -> Path:
     """Write what ``push_to_hub`` uploads into ``directory``: ``head.save_pretrained`` plus a model card
-    (``card``, a :class:`flodl_hf.cards.CardInfo`, for the full card; None: a short card without scores)."""
-    from flodl_hf.cards import write_basic_card, write_model_card
+    (``card``, a :class:`flodl_hf.export.cards.CardInfo`, for the full card; None: a short card without scores)."""
+    from flodl_hf.export.cards import write_basic_card, write_model_card
 
     if head.tokenizer is None:
         raise ValueError(
@@ -147,8 +147,8 @@ def push_head(
     create_pr: bool = False,
 ) -> Any:
     """Write ``head`` to a temporary directory (:func:`write_push_dir`) and push it with
-    :func:`flodl_hf.hub.push_output_dir`; the offline and token checks run before anything is written."""
-    from flodl_hf.hub import check_push_access, check_repo_id, push_output_dir
+    :func:`flodl_hf.export.hub.push_output_dir`; the offline and token checks run before anything is written."""
+    from flodl_hf.export.hub import check_push_access, check_repo_id, push_output_dir
 
     check_repo_id(repo_id)
     check_push_access(repo_id, token)

@@ -197,10 +197,10 @@ def perplexity(head: Any, texts: Sequence[str], batch_size: int, seed: int) -> f
 
 
 def write_card(directory: Path, *, model_name: str, model_type: Optional[str], max_length: int, mask: str) -> Path:
-    """A short fill-mask model card (the metadata conventions of ``flodl_hf.cards``), checked after writing."""
+    """A short fill-mask model card (the metadata conventions of ``flodl_hf.export.cards``), checked after writing."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    from flodl_hf.cards import FLODL_TAG, LIBRARY_NAME, check_model_card
+    from flodl_hf.export.cards import FLODL_TAG, LIBRARY_NAME, check_model_card
 
     tags = [FLODL_TAG, PIPELINE_TAG] + ([model_type] if model_type else [])
     data = ModelCardData(library_name=LIBRARY_NAME, pipeline_tag=PIPELINE_TAG, tags=tags, model_name=model_name)
@@ -232,7 +232,7 @@ def push(head: Any, repo_id: str, *, card: Any = None, token: Optional[str] = No
          revision: Optional[str] = None, commit_message: str = "Upload masked LM trained with flodl-hf",
          create_pr: bool = False) -> Any:
     """``head.push_to_hub``: the offline and token checks run before anything is written."""
-    from flodl_hf.hub import check_push_access, check_repo_id, push_output_dir
+    from flodl_hf.export.hub import check_push_access, check_repo_id, push_output_dir
 
     if card is not None:
         raise ValueError("card=... describes a classifier's evaluation: a masked-LM head pushes its own short "

@@ -1,9 +1,9 @@
 """The model card and Hub upload of an extractive question-answering head.
 
-It exists because the shared card (``flodl_hf.cards.write_basic_card``) describes a text classifier by its labels,
+It exists because the shared card (``flodl_hf.export.cards.write_basic_card``) describes a text classifier by its labels,
 and a QA model has none: this card states the task (``pipeline_tag: question-answering``), how long its windows are,
 and how to use it with transformers (``AutoModelForQuestionAnswering``) or flodl-hf (``head.answer``). The upload
-itself goes through the shared :mod:`flodl_hf.hub` functions, so the offline and token checks are the same.
+itself goes through the shared :mod:`flodl_hf.export.hub` functions, so the offline and token checks are the same.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def write_qa_card(directory: Union[str, Path], *, model_name: str, model_type: O
     """A short card for a QA head pushed without a training run's scores; parsed back (strict metadata) to check."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    from flodl_hf.cards import FLODL_TAG, LIBRARY_NAME
+    from flodl_hf.export.cards import FLODL_TAG, LIBRARY_NAME
 
     tags = [FLODL_TAG, QA_PIPELINE_TAG] + ([model_type] if model_type else [])
     data = ModelCardData(library_name=LIBRARY_NAME, pipeline_tag=QA_PIPELINE_TAG, tags=tags, model_name=model_name)
@@ -67,8 +67,8 @@ def push_qa_head(head: Any, repo_id: str, *, card: Any = None, token: Optional[s
                  private: Optional[bool] = None, revision: Optional[str] = None,
                  commit_message: str = "Upload question-answering model trained with flodl-hf",
                  create_pr: bool = False) -> Any:
-    """Check access, write the head and its card to a temporary directory, and push it (``flodl_hf.hub``)."""
-    from flodl_hf.hub import check_push_access, check_repo_id, push_output_dir
+    """Check access, write the head and its card to a temporary directory, and push it (``flodl_hf.export.hub``)."""
+    from flodl_hf.export.hub import check_push_access, check_repo_id, push_output_dir
 
     if card is not None:
         raise ValueError(

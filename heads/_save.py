@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from flodl_hf.atomic import atomic_dir
+from flodl_hf.files.atomic import atomic_dir
 
 from ._io import PathLike
 

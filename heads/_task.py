@@ -314,10 +314,10 @@ class TaskHead:
     def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
         """Upload the model, tokenizer and a model card to the Hub repository ``repo_id`` (created if needed).
 
-        Keywords: ``card`` (a :class:`flodl_hf.cards.CardInfo` for the full card; None: a short card without
+        Keywords: ``card`` (a :class:`flodl_hf.export.cards.CardInfo` for the full card; None: a short card without
         scores), ``token``, ``private``, ``revision``, ``commit_message``, ``create_pr``. Refuses (ValueError)
         before writing anything when ``HF_HUB_OFFLINE`` is set or no token is available. Returns huggingface_hub's
-        ``CommitInfo``; :func:`flodl_hf.hub.plan_push` shows what is sent.
+        ``CommitInfo``; :func:`flodl_hf.export.hub.plan_push` shows what is sent.
         """
         return _hub.push_head(self, repo_id, **kwargs)
 
