@@ -203,28 +203,34 @@ def packaged_corpus() -> Any:
 
 
 def _minilm_workload(spec: WorkloadSpec) -> Workload:
-    # The bench is a composition root (like the CLI), so it may use the task heads; imported only here.
-    from heads import AutoHeadForSequenceClassification
+    # Plain transformers, not the task heads: the bench measures the engine's scheduling of a model, and the CLI
+    # stays the only module that joins the heads to the rest (tests/test_layout.py).
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from ..defaults import CORPUS_LABELS, default_model_path
+    from ..quiet import quiet_transformers
 
     corpus = packaged_corpus()
     corpus = corpus.subset(min(len(corpus), spec.train_samples + spec.eval_samples), seed=spec.seed)
     train_ds, held_out_ds = corpus.split(spec.eval_samples, seed=spec.seed)
     train, held_out = list(train_ds), list(held_out_ds)  # (text, label_id) pairs
+    labels = list(CORPUS_LABELS)
     torch.manual_seed(spec.seed)  # the fresh classifier is initialised identically on every rank
-    head = AutoHeadForSequenceClassification.from_pretrained(str(default_model_path()), labels=list(CORPUS_LABELS),
-                                                             max_length=spec.max_length)
-    config, num_labels = head.config(), head.num_labels
-    weights = {k: v.detach().clone() for k, v in head.model.state_dict().items()}
+    with quiet_transformers():  # the classifier is new by design: no "newly initialized" report
+        model = AutoModelForSequenceClassification.from_pretrained(
+            str(default_model_path()), num_labels=len(labels), id2label=dict(enumerate(labels)),
+            label2id={name: i for i, name in enumerate(labels)})
+        tokenizer = AutoTokenizer.from_pretrained(str(default_model_path()))
+    config = model.config
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     def make() -> torch.nn.Module:
-        model = AutoHeadForSequenceClassification.on_device(config, num_labels, "cpu").model
-        model.load_state_dict(weights)
-        model.train()
-        return model
+        fresh = AutoModelForSequenceClassification.from_config(config)
+        fresh.load_state_dict(weights)
+        fresh.train()
+        return fresh
 
-    return Workload(spec, train, held_out, make, TextCollate("minilm", spec.max_length, head.tokenizer),
+    return Workload(spec, train, held_out, make, TextCollate("minilm", spec.max_length, tokenizer),
                     keyword_inputs=True, lr=spec.lr or 5e-5)
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from flodl_hf.elche.scheduler import ElChe, round_half_up
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def builder(world_size: int = 2, **kw: object) -> ElChe:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import flodl_hf
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_flodl_hf_all_is_pinned():

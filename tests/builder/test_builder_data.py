@@ -30,7 +30,7 @@ from flodl_hf.builder.settings import DEFAULT_DIVERGENCE_THRESHOLD, BuilderSetti
 from flodl_hf.builder.step import Recipe
 from flodl_hf.defaults import default_model_path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _fds() -> int:

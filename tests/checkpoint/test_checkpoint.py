@@ -18,7 +18,7 @@ from flodl_hf import DdpConfig, Graph, Trainer
 from flodl_hf.checkpoint.graph_state import ResumeError
 from heads import AutoHeadForSequenceClassification
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _head(num_labels: int = 2):
