@@ -25,7 +25,7 @@ from flodl_hf.builder.checkpoint import read_checkpoint, write_checkpoint
 from flodl_hf.checkpoint.errors import CheckpointError, ResumeError
 from flodl_hf.checkpoint.format import FORMAT_VERSION, _canonical, read_state, write_state
 from flodl_hf.checkpoint.tree import decode, encode
-from flodl_hf.convert import convert_legacy
+from flodl_hf.cli.convert import convert_legacy
 from flodl_hf.job.checkpoints import read_job_state
 
 ROOT = Path(__file__).resolve().parents[1]

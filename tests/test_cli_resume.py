@@ -19,7 +19,7 @@ from tiny_models import toy_task
 
 from flodl_hf import cli
 from flodl_hf.checkpoint.graph_state import ResumeError
-from flodl_hf.interrupt import GracefulInterrupt
+from flodl_hf.job.interrupt import GracefulInterrupt
 from flodl_hf.job import outputs
 from flodl_hf.job.checkpoints import check_plan
 from flodl_hf.job.loop import TrainingInterrupted

@@ -253,8 +253,8 @@ def test_interrupted_task_run_resumes_exactly_with_periodic_evaluation(tiny_chec
     import heads
 
     from flodl_hf.job.loop import TrainingInterrupted
-    from flodl_hf.tasks.job import run_task_train
-    from flodl_hf.tasks.options import task_settings
+    from flodl_hf.job.run import run_task_train
+    from flodl_hf.cli.train import task_settings
 
     argv = ["train", "--task", "token-classification", "--model", str(tiny_checkpoint("bert")), "--data",
             str(work / "tokens.jsonl"), "--epochs", "3", "--batch-size", "8", "--train-rows", "80", "--eval-rows",

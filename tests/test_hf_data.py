@@ -21,7 +21,7 @@ from tiny_models import make_checkpoint, toy_task
 
 from flodl_hf import cli
 from flodl_hf.data import load_text_classification
-from flodl_hf.job.problems import pearson, spearman
+from flodl_hf.metrics.regression import pearson, spearman
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), FLODL_HF_NO_LAUNCH="1", HF_HUB_OFFLINE="1",
@@ -224,7 +224,7 @@ def test_pair_training_never_drops_the_second_text(work, tmp_path):
     heads that cannot, training on pairs is refused in one line instead of silently training on the premises."""
     from heads import AutoHeadForSequenceClassification
 
-    from flodl_hf.job.evaluate import supports_pairs
+    from flodl_hf.job.tasks.problems import supports_pairs
 
     data = tmp_path / "nli.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in entailment_rows(400)))
@@ -280,7 +280,7 @@ def test_placeholder_model_labels_take_class_label_ids_as_ids(tmp_path):
 
 
 def test_multi_label_metrics_match_hand_values():
-    from flodl_hf.job.problems import multi_label_summary
+    from flodl_hf.metrics.classification import multi_label_summary
 
     # row 1: right; row 2: one of two labels found; row 3: a false positive and a miss
     summary = multi_label_summary([[0], [1], [0]], [[0], [1, 2], [2]], ["a", "b", "c"])

@@ -23,7 +23,7 @@ from tiny_models import make_checkpoint, toy_task
 from flodl_hf import cli
 from flodl_hf.data import TextDataset, load_text_classification
 from flodl_hf.preflight import check_model_dir, model_labels
-from flodl_hf.tasks.qa_data import load_qa_data
+from flodl_hf.data.qa import load_qa_data
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), FLODL_HF_NO_LAUNCH="1", HF_HUB_OFFLINE="1")

@@ -1,4 +1,4 @@
-"""The command line's AdamW (``flodl_hf.optim.adamw``): fused where torch has the kernel, AdamW's update either way.
+"""The command line's AdamW (``flodl_hf.job.optim.adamw``): fused where torch has the kernel, AdamW's update either way.
 
 Checked against the reference: torch's own unfused AdamW with the same hyper-parameters, on a real (tiny) BERT.
 """
@@ -10,7 +10,7 @@ import copy
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from flodl_hf.optim import adamw
+from flodl_hf.job.optim import adamw
 
 
 def _model() -> torch.nn.Module:

@@ -1,4 +1,4 @@
-"""flodl_hf.tasks readers (token classification, QA, fill-mask texts) on real files, their bad-input errors (file,
+"""flodl_hf.data readers (token classification, QA, fill-mask texts) on real files, their bad-input errors (file,
 row and fix in one line), the seeded split, and the packaged corpora generated from the sentiment corpus."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from flodl_hf.tasks import corpora, lexicon
-from flodl_hf.tasks.entity_metrics import entities
-from flodl_hf.tasks.qa_data import load_qa_data
-from flodl_hf.tasks.rows import Rows
-from flodl_hf.tasks.text_data import load_texts
-from flodl_hf.tasks.token_data import load_token_data
+from flodl_hf.data import corpora, lexicon
+from flodl_hf.metrics.entities import entities
+from flodl_hf.data.qa import load_qa_data
+from flodl_hf.data.rows import Rows
+from flodl_hf.data.texts import load_texts
+from flodl_hf.data.tokens import load_token_data
 
 
 def write_jsonl(path: Path, rows: list) -> Path:

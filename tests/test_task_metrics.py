@@ -1,4 +1,4 @@
-"""flodl_hf.tasks.entity_metrics and squad_metrics: hand-computed cases, then seeded random cases against the
+"""flodl_hf.metrics.entities and squad: hand-computed cases, then seeded random cases against the
 simplest references (a second, independently written chunker for IOB2; the official SQuAD script's functions)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections import Counter
 
 import pytest
 
-from flodl_hf.tasks.entity_metrics import entities, entity_scores, is_iob_tagset, token_accuracy
-from flodl_hf.tasks.squad_metrics import exact_match, normalize_answer, squad_scores, token_f1
+from flodl_hf.metrics.entities import entities, entity_scores, is_iob_tagset, token_accuracy
+from flodl_hf.metrics.squad import exact_match, normalize_answer, squad_scores, token_f1
 
 
 # --- entity scores: hand-computed ----------------------------------------------------------------------------

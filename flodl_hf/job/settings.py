@@ -59,8 +59,8 @@ class TrainSettings:
     text_pair_column: Optional[str] = None
     """Column with the second text of sentence pairs (None: single texts)."""
     metric_for_best: Optional[str] = None
-    """Held-out metric that picks the written checkpoint and drives early stopping (None: accuracy, micro_f1 or
-    pearson by problem type; ``flodl_hf.job.problems.DEFAULT_METRIC``)."""
+    """Held-out metric that picks the written checkpoint and drives early stopping (None: the task's default; for
+    text classification accuracy, micro_f1 or pearson by problem type, ``flodl_hf.job.tasks.problems``)."""
     encoding: Optional[str] = None
     """Text encoding of the data file (None: utf-8, falling back to latin-1)."""
     epochs: int = 1
@@ -117,9 +117,15 @@ class TrainSettings:
     max_micro_batch: Optional[int | str] = None
     """DdpConfig.max_micro_batch: no rank's micro-batch exceeds this many samples ("auto": each rank probes its
     largest; None: no cap)."""
+    task: str = "text-classification"
+    """What to train: ``text-classification`` (default), ``token-classification``, ``question-answering`` or
+    ``fill-mask`` (``--task``; the plug-ins of ``flodl_hf.job.tasks``). Options a task cannot honour are refused."""
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from .tasks import get_task
+
+        get_task(self.task).check_settings(self)  # a task's unsupported options first, named with the task
         _positive_int("epochs", self.epochs, 1)
         _positive_int("batch_size", self.batch_size, 32)
         _positive_int("max_length", self.max_length, 64)
@@ -154,9 +160,7 @@ class TrainSettings:
             raise ValueError(f"problem_type={self.problem_type!r} is invalid: use one of {', '.join(PROBLEM_TYPES)} "
                              "(--problem-type)")
         if self.metric_for_best is not None:
-            from .problems import check_metric
-
-            check_metric(self.metric_for_best, self.problem_type)
+            get_task(self.task).check_metric(self.metric_for_best, self)
         if self.eval_data is None and self.eval_split is not None and self.eval_split == (self.split or "train"):
             raise ValueError(f"--eval-split {self.eval_split} is the split training uses (--split): evaluating on "
                              "the training rows says nothing; name another split, e.g. --eval-split validation")
@@ -173,10 +177,11 @@ class TrainSettings:
 
     @property
     def best_metric(self) -> str:
-        """The metric that picks the best checkpoint (``metric_for_best`` or the problem type's default)."""
-        from .problems import DEFAULT_METRIC
+        """The metric that picks the best checkpoint (``metric_for_best``, else the task's default: for text
+        classification the problem type's)."""
+        from .tasks import get_task
 
-        return self.metric_for_best or DEFAULT_METRIC[self.problem_type]
+        return self.metric_for_best or get_task(self.task).default_metric(self)
 
     def ddp_config(self) -> DdpConfig:
         """The engine configuration of this job."""

@@ -1,7 +1,7 @@
 """Argument types of the ``flodl-hf`` command line: each parses one option's text or raises
 ``argparse.ArgumentTypeError`` naming the value and what is accepted (argparse turns that into one usage line).
 
-Kept apart from ``flodl_hf.cli`` so the parser module stays about building the commands.
+It exists apart from ``flodl_hf.cli.parser`` so that the parser module stays about building the commands.
 """
 
 from __future__ import annotations

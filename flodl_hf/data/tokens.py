@@ -37,7 +37,7 @@ def order_tags(names: Sequence[str]) -> list[str]:
 
 def read_conll(path: Union[str, Path], encoding: Optional[str] = None) -> list[tuple[list[str], list[str]]]:
     """The sentences of a CoNLL file as ``(words, tags)``; a line without a tag column is refused by number."""
-    from ..data.sources import _decode
+    from .sources import _decode
 
     path = Path(path)
     text = _decode(path.read_bytes(), encoding, str(path))
@@ -80,8 +80,8 @@ def _pick(columns: Sequence[str], wanted: Optional[str], choices: Sequence[str],
 
 def _rows_from_table(source: Union[str, Path], words_column: Optional[str], tags_column: Optional[str],
                      encoding: Optional[str], split: Optional[str], prefer: Sequence[str]) -> tuple:
-    from ..data.sources import read_table
-    from ..data.labels import class_label_names
+    from .sources import read_table
+    from .labels import class_label_names
 
     table = read_table(source, split=split, encoding=encoding, prefer=prefer)
     words_col = _pick(table.columns, words_column, WORD_COLUMNS, "word-list", "--text-column", table.name)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Union
 
-from .checkpoint.errors import ResumeError
+from ..checkpoint.errors import ResumeError
 
 __all__ = ["convert_legacy", "ALLOWED_GLOBALS"]
 
@@ -71,10 +71,10 @@ def _load_restricted(path: Path) -> dict:
 def convert_legacy(path: Union[str, Path], trust_pickle: bool = False) -> Path:
     """Convert the legacy checkpoint ``path`` (a directory holding ``checkpoint.pt``, or a ``.pt`` file);
     returns the new manifest. ValueError without ``trust_pickle``, or when the file is not a legacy checkpoint."""
-    from .files import dirlock
-    from .builder.checkpoint import CHECKPOINT_FORMAT, KIND as BUILDER_KIND
-    from .checkpoint.graph_state import CHECKPOINT_FILE, FORMAT, KIND as SETUP_KIND, LEGACY_FILE
-    from .checkpoint.format import looks_like_pickle, write_state
+    from ..files import dirlock
+    from ..builder.checkpoint import CHECKPOINT_FORMAT, KIND as BUILDER_KIND
+    from ..checkpoint.graph_state import CHECKPOINT_FILE, FORMAT, KIND as SETUP_KIND, LEGACY_FILE
+    from ..checkpoint.format import looks_like_pickle, write_state
 
     path = Path(path)
     source = path / LEGACY_FILE if path.is_dir() else path

@@ -90,7 +90,7 @@ def _squad_document(path: Path, encoding: Optional[str]) -> Optional[dict]:
     """The parsed document when ``path`` is a SQuAD-shaped ``.json`` file, else None."""
     if path.suffix.lower() != ".json" or not path.is_file():
         return None
-    from ..data.sources import _decode, load_json
+    from .sources import _decode, load_json
 
     try:  # the data readers' rules: repeated keys, too deep nesting, too long integers are refused naming the file
         data = load_json(_decode(path.read_bytes(), encoding, str(path)), str(path))
@@ -110,7 +110,7 @@ def load_qa_data(source: Union[str, Path], *, encoding: Optional[str] = None, sp
     if document is not None:
         items, name = squad_items(document, str(path)), str(path)
     else:
-        from ..data.sources import read_table
+        from .sources import read_table
 
         table = read_table(source, split=split, encoding=encoding, prefer=prefer)
         name = table.name

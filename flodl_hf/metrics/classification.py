@@ -1,4 +1,5 @@
-"""Classification metrics (accuracy, macro-F1, per-label scores) and the loss-curve plot.
+"""Classification metrics: accuracy, macro-F1, per-label scores and the confusion matrix of label ids
+(single-label), and micro- / macro-F1 and subset accuracy of label-id sets (multi-label).
 
 It exists so that the CLI, the model card and user scripts report the same numbers computed the same way, with no
 scikit-learn dependency. Conventions follow scikit-learn's defaults: macro-F1 averages over the labels that occur
@@ -7,11 +8,10 @@ in either the references or the predictions, and a score whose denominator is ze
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
 __all__ = ["accuracy", "macro_f1", "per_label_scores", "confusion_matrix", "classification_summary",
-           "plot_loss_curve"]
+           "multi_label_summary"]
 
 
 def _check(predictions: Sequence[int], references: Sequence[int]) -> None:
@@ -90,42 +90,37 @@ def classification_summary(predictions: Sequence[int], references: Sequence[int]
     }
 
 
-def _smooth(values: Sequence[float], window: int) -> list[float]:
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
+def _f1(tp: int, fp: int, fn: int) -> float:
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    return 2 * precision * recall / (precision + recall) if precision + recall else 0.0
 
 
-def plot_loss_curve(losses: Sequence[float], path: Union[str, Path], *, title: str = "Training loss",
-                    xlabel: str = "step") -> Path:
-    """Write a PNG of the per-step loss (and a moving average when there are many steps) to ``path``.
-
-    Draws on a private Agg canvas: pyplot's global state and the user's backend are left untouched.
-    """
-    if len(losses) == 0:
-        raise ValueError("no loss values to plot: train for at least one step")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    path = Path(path)
-    figure = Figure(figsize=(6.4, 3.6), dpi=100)
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot(1, 1, 1)
-    steps = list(range(1, len(losses) + 1))
-    axes.plot(steps, list(losses), color="#9bb7d4", linewidth=1.0, label="loss")
-    window = max(1, len(losses) // 20)
-    if window > 1:
-        axes.plot(steps, _smooth(list(losses), window), color="#1f4e79", linewidth=2.0,
-                  label=f"moving average ({window} steps)")
-    axes.set_xlabel(xlabel)
-    axes.set_ylabel("loss")
-    axes.set_title(title)
-    axes.grid(True, alpha=0.3)
-    axes.legend(loc="upper right")
-    figure.tight_layout()
-    figure.savefig(path, format="png")
-    return path
+def multi_label_summary(predicted: Sequence[Sequence[int]], references: Sequence[Sequence[int]],
+                        labels: Sequence[str]) -> dict:
+    """Micro- and macro-F1, subset accuracy and per-label scores of label-id sets."""
+    k = len(labels)
+    tp, fp, fn = [0] * k, [0] * k, [0] * k
+    exact = 0
+    for pred, ref in zip(predicted, references):
+        pred, ref = set(pred), set(ref)
+        exact += int(pred == ref)
+        for i in pred & ref:
+            tp[i] += 1
+        for i in pred - ref:
+            fp[i] += 1
+        for i in ref - pred:
+            fn[i] += 1
+    per_label = {}
+    present = []
+    for i, name in enumerate(labels):
+        f1 = _f1(tp[i], fp[i], fn[i])
+        per_label[str(name)] = {"precision": tp[i] / (tp[i] + fp[i]) if tp[i] + fp[i] else 0.0,
+                                "recall": tp[i] / (tp[i] + fn[i]) if tp[i] + fn[i] else 0.0,
+                                "f1": f1, "support": tp[i] + fn[i]}
+        if tp[i] + fn[i] or tp[i] + fp[i]:
+            present.append(f1)
+    return {"micro_f1": _f1(sum(tp), sum(fp), sum(fn)),
+            "macro_f1": sum(present) / len(present) if present else 0.0,
+            "accuracy": exact / len(references) if references else 0.0,
+            "num_examples": len(references), "per_label": per_label}

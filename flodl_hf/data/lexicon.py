@@ -15,7 +15,7 @@ deterministically, with no randomness, from a fixed list of common English senti
    ``-log(MIN_RATIO)`` for a negative one.
 
 The kept words are the ``POS`` and ``NEG`` entity types of the token-classification corpus and the answers of the
-QA corpus (``flodl_hf.tasks.corpora``).
+QA corpus (``flodl_hf.data.corpora``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,68 @@
+"""``main``: the entry point of ``flodl-hf`` and ``python -m flodl_hf``, and the mapping of errors to exit codes.
+
+It exists so that every command reports the same way: 0 done; 2 for an error a user can cause (bad flags, missing
+files, bad data, a checkpoint that does not fit), reported as one line on stderr, ``flodl-hf: error: ...``, never a
+traceback; 1 when training diverged (NaN or infinite loss) or ``verify`` failed; 130 after Ctrl-C or SIGTERM
+(``train`` first writes a checkpoint and prints the command that resumes it). ``bench`` hands its arguments to
+``flodl_hf.bench.main``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional, Sequence
+
+from .parser import PROG, UsageError, build_parser
+
+__all__ = ["main"]
+
+#: The options that choose where each command writes (named by filesystem errors).
+_WRITE_OPTIONS = {"train": "--output-dir or --checkpoint-dir", "eval": "--json FILE", "export": "--output",
+                  "convert-checkpoint": "checkpoint directory"}
+
+
+def _run(command: str, args: object, argv: Sequence[str]) -> int:
+    if command == "train":
+        from .train import cmd_train
+
+        return cmd_train(args, argv)  # type: ignore[arg-type]
+    if command == "predict":
+        from .predict import cmd_predict
+
+        return cmd_predict(args)  # type: ignore[arg-type]
+    if command == "eval":
+        from .evaluate import cmd_eval
+
+        return cmd_eval(args)  # type: ignore[arg-type]
+    from .model_dirs import cmd_convert, cmd_export, cmd_verify
+
+    commands = {"export": cmd_export, "verify": cmd_verify, "convert-checkpoint": cmd_convert}
+    return commands[command](args)  # type: ignore[arg-type]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``flodl-hf`` and ``python -m flodl_hf``; returns the exit code."""
+    argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+    try:
+        if argv[:1] == ["bench"]:  # every later argument belongs to the bench's own parser
+            from ..bench import main as bench_main
+
+            return int(bench_main(argv[1:]))
+        args = build_parser().parse_args(argv)
+        return _run(args.command, args, argv)
+    except (UsageError, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+            PermissionError) as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:
+        from ..preflight import fs_error_message
+
+        message = fs_error_message(exc, _WRITE_OPTIONS.get(argv[0] if argv else "", "output path"))
+        if message is None:
+            raise
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return 2

@@ -1,0 +1,65 @@
+"""The extractive question-answering plug-in of the job (``--task question-answering``).
+
+It exists to hold what only this task does: read SQuAD-shaped rows (``flodl_hf.data.qa``), refuse the options
+whose columns QA fixes (``question``, ``context``, ``answers``) and the memory probe (``--max-micro-batch auto``
+cannot read start/end logits), score the head's best span (``head.answer``) with SQuAD exact match and token F1
+(``flodl_hf.metrics.squad``), and compare with answering the first word of the context.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ...metrics.squad import squad_scores
+from .rows_task import CLASSIFICATION_ONLY, EVAL_PAIRS, PREDICT_PAIRS, TAGS_ONLY, RowsTask, chunks, evaluating
+
+__all__ = ["QuestionAnswering", "TASK", "first_word_baseline"]
+
+
+def first_word_baseline(rows: Any) -> dict:
+    """Scores of answering every question with the first word of its context."""
+    firsts = [(item["context"].split() or [""])[0] for item in rows.items]
+    return squad_scores(firsts, [item["answers"]["text"] for item in rows.items])
+
+
+class QuestionAnswering(RowsTask):
+    name = "question-answering"
+    metrics = ("f1", "exact_match")
+    unsupported = {"train": CLASSIFICATION_ONLY + TAGS_ONLY + (("text_column", "--text-column", None),),
+                   "eval": EVAL_PAIRS + (("text_column", "--text-column", "text"),
+                                         ("label_column", "--label-column", "label")),
+                   "predict": PREDICT_PAIRS}
+
+    def check_settings(self, settings: Any) -> None:
+        super().check_settings(settings)
+        if settings.max_micro_batch == "auto":
+            raise ValueError("--max-micro-batch auto is not supported with --task question-answering (train): the "
+                             "memory probe cannot read a QA model's start/end logits; give the cap as an integer, "
+                             "e.g. --max-micro-batch 16")
+
+    def read(self, source: Any, *, labels: Any = None, text_column: Optional[str] = None,
+             label_column: Optional[str] = None, encoding: Optional[str] = None, split: Optional[str] = None,
+             prefer: tuple = ("train",), known: str = "--labels") -> Any:
+        from ...data.qa import load_qa_data
+
+        return load_qa_data(source, encoding=encoding, split=split, prefer=prefer)
+
+    def score(self, head: Any, rows: Any, batch_size: int = 64, progress: bool = False, seed: int = 0) -> dict:
+        with evaluating(head):
+            predictions: list[str] = []
+            for start in chunks(len(rows), batch_size, progress):
+                batch = rows.items[start:start + batch_size]
+                answers = head.answer([item["question"] for item in batch], [item["context"] for item in batch])
+                answers = answers if isinstance(answers, list) else [answers]
+                predictions.extend(str(a[0]["answer"] if isinstance(a, list) else a["answer"]) for a in answers)
+            return squad_scores(predictions, [item["answers"]["text"] for item in rows.items])
+
+    def headline(self, summary: dict, settings: Any = None) -> str:
+        return f"exact_match={summary['exact_match']:.4f} f1={summary['f1']:.4f}"
+
+    def baselines(self, eval_rows: Any) -> dict:
+        return {"first word of the context": {k: v for k, v in first_word_baseline(eval_rows).items()
+                                              if k != "questions"}}
+
+
+TASK = QuestionAnswering()
