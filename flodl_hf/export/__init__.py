@@ -8,7 +8,7 @@ covers short sentences, texts of 2x and 5x the tokenizer's ``model_max_length`` 
 ``pipeline("text-classification", truncation=True)`` agrees with ``predict`` only when the saved tokenizer states
 the length the model trained with (a head's ``save_pretrained`` and :func:`export_model_dir` both write it).
 Pushing to the Hub lives in :mod:`flodl_hf.export.hub` (:func:`push_output_dir` is re-exported here). The other tasks'
-directories (token classification, QA, masked LM) are verified by ``flodl_hf.tasks.verify`` with this report.
+directories (token classification, QA, masked LM) are verified by ``flodl_hf.export.verify_tasks`` with this report.
 
 Output directories are built in a temporary sibling and renamed into place at the end
 (:func:`flodl_hf.files.ownership.staged_output_dir`), so an interrupted run never leaves a half-written directory; a
@@ -312,7 +312,7 @@ def export_model_dir(source: Union[str, Path], output: Union[str, Path], *, over
     A ``source`` without tokenizer files is refused unless ``tokenizer`` names a directory to take it from (an
     export with an empty tokenizer would load and give meaningless predictions). ``model_class``: the transformers
     Auto class to load and re-save with (None: ``AutoModelForSequenceClassification``; the CLI passes another
-    task's, see ``flodl_hf.tasks.verify.auto_model_class``)."""
+    task's, see ``flodl_hf.export.verify_tasks.auto_model_class``)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     model_class = AutoModelForSequenceClassification if model_class is None else model_class
