@@ -52,7 +52,7 @@ FAMILIES: dict[str, Family] = {
         Family("deberta-v2", "DebertaV2", "deberta", _WITH_TYPES),
     )
 }
-"""``model_type`` -> :class:`Family`, in the order the README lists them."""
+"""``model_type`` -> :class:`Family`, in the order docs/heads.md lists them."""
 
 
 def family_of(model_type: Any) -> Family:

@@ -261,7 +261,7 @@ class _Case:
     mean_sync_ms: float = field(default=0.0)
 
 
-#: The bench's measured setup-mode efficiencies (README "Figures": ``benchmarks/setup_mode.py``, 120 steps x 3
+#: The bench's measured setup-mode efficiencies (docs/figures.md: ``benchmarks/setup_mode.py``, 120 steps x 3
 #: rounds, 2026-12-01, with overlap and goodput El Che) and the mean sync time the engine itself reported to El Che
 #: in the first such run (window histories of its results.json; the latency fit below uses them).
 MEASURED = (

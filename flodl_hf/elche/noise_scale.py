@@ -261,7 +261,7 @@ def adascale_gain(noise_scale: float, m0: float, scale: float) -> float:
     ``r = (sigma^2 + mu^2) / (sigma^2 / scale + mu^2)`` with ``sigma^2 = tr(Sigma)/m0`` the variance of an
     ``m0``-batch gradient and ``mu^2 = |G|^2``; dividing by ``mu^2``, ``r = (rho + 1) / (rho / scale + 1)`` with
     ``rho = B_noise / m0``. It is ``scale * statistical_efficiency``: 1 at scale 1, ``scale`` for pure noise,
-    1 for a noiseless gradient. Not applied by the engine (see the README's note on the learning rate).
+    1 for a noiseless gradient. Not applied by the engine (see docs/el-che.md, "Learning rate").
     """
     s = _finite("scale", scale)
     if s < 1:

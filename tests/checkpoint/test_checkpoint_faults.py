@@ -25,7 +25,7 @@ from flodl_hf import DdpConfig, Graph, Trainer, cli
 from flodl_hf.checkpoint.errors import ResumeError
 from flodl_hf.checkpoint.format import FAULT_ENV, STAGES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OWN = {"checkpoint.json", "checkpoint.0.safetensors", "checkpoint.1.safetensors"}
 
 WRITER = """

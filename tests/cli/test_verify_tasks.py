@@ -26,7 +26,7 @@ from tiny_models import FAMILIES, tiny_config, tiny_tokenizer
 from tokcls_helpers import TAGS, subword_config, subword_tokenizer
 
 TASKS = ("token-classification", "question-answering", "fill-mask")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def save_head(task: str, family: str, out: Path, seed: int = 0) -> Path:

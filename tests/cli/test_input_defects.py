@@ -25,7 +25,7 @@ from flodl_hf.data import TextDataset, load_text_classification
 from flodl_hf.preflight import check_model_dir, model_labels
 from flodl_hf.data.qa import load_qa_data
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), FLODL_HF_NO_LAUNCH="1", HF_HUB_OFFLINE="1")
 
 

@@ -22,7 +22,7 @@ from tiny_models import make_checkpoint, toy_task
 from flodl_hf.files.atomic import _move_entries_in, atomic_dir
 from flodl_hf.files.ownership import MARKER, owns_dir, read_marker
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), FLODL_HF_NO_LAUNCH="1", HF_HUB_OFFLINE="1")
 
 

@@ -31,7 +31,7 @@ from tiny_models import make_checkpoint, toy_task
 from flodl_hf import cli
 from flodl_hf.data import load_text_classification
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), FLODL_HF_NO_LAUNCH="1")
 
 

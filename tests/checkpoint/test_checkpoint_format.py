@@ -28,7 +28,7 @@ from flodl_hf.checkpoint.tree import decode, encode
 from flodl_hf.cli.convert import convert_legacy
 from flodl_hf.job.checkpoints import read_job_state
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "flodl_hf"
 #: The one ``pickle.loads`` under flodl_hf/ and why it is not a checkpoint path: builder/data.py unpickles the
 #: user's own dataset blob, which the same run pickled in memory moments before (never read from a file).

@@ -18,7 +18,7 @@ from flodl_hf import cli, defaults
 from flodl_hf.job.schedule import LinearSchedule
 from flodl_hf.job.settings import TrainSettings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--batch-size", "16", "--epochs", "3", "--lr", "2e-3", "--max-length", "16", "--eval-rows", "40",
         "--no-progress"]
 

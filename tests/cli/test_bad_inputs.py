@@ -179,8 +179,8 @@ def test_bad_input(name, build, exit_code, needles, tmp_path, tiny_checkpoint, c
 
 
 def test_the_docs_list_the_classes_and_point_at_the_suite():
-    section = (Path(__file__).resolve().parents[1] / "docs" / "bad-input.md").read_text(encoding="utf-8")
-    assert "tests/test_hostile_inputs.py" in section and "tests/hostile_cases.py" in section
+    section = (Path(__file__).resolve().parents[2] / "docs" / "bad-input.md").read_text(encoding="utf-8")
+    assert "tests/cli/test_hostile_inputs.py" in section and "tests/hostile_cases.py" in section
     for kind in ("ownership", "paths", "numbers", "devices", "model directory", "data", "labels", "model damage",
                  "signals and faults"):
         assert f"| {kind} |" in section, kind
