@@ -42,6 +42,7 @@ def test_device_model_stretch_sleeps_only_what_a_slower_device_adds():
     assert DeviceModel(device_ms=100.0, speed=0.4).cost_s(16) == pytest.approx(0.25)  # not stretching: all of it
 
 
+@pytest.mark.slow
 def test_stretch_runs_every_torch_mode_alike(tmp_path):
     result = run_bench(BenchSettings(modes=("solo", "ddp", "elche-setup"), speeds=(1.0, 0.5), device_ms=20.0,
                                      stretch=True, steps=8, warmup=2, repeats=1, timeout_s=120.0),
@@ -199,6 +200,7 @@ def _check_outputs(out, modes):
     return result
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_table_json_plot(tmp_path):
     out = tmp_path / "bench"
     code = main(["--modes", "solo,elche-setup", "--steps", "14", "--warmup", "4", "--device-ms", "16",

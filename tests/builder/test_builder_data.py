@@ -283,6 +283,7 @@ def _run(builder) -> list:
     return metrics
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_worker_run_keeps_the_callers_fds_flat():
     g = torch.Generator().manual_seed(0)

@@ -85,6 +85,7 @@ def test_sync_with_adamw_equals_one_process_on_the_concatenated_batches(backend,
 @pytest.mark.parametrize("policy,backend", [(ApplyPolicy.CADENCE, AverageBackend.CPU),
                                             (ApplyPolicy.ASYNC, AverageBackend.NCCL),
                                             (ApplyPolicy.SYNC, AverageBackend.CPU)])
+@pytest.mark.slow
 def test_the_lr_follows_the_global_schedule_on_every_replica(policy, backend):
     """Each worker used to count only its own steps: at speeds [1, 0.4] the replicas trained at learning rates
     far apart and the decay never reached 0. Now every batch's LR is the schedule at the global step (batches of
@@ -197,6 +198,7 @@ def _collective_rank(rank: int, world: int) -> dict:
                                                                                               g_batches)}
 
 
+@pytest.mark.slow
 def test_bucketed_collective_averages_weight_idle_ranks_zero_and_keep_missing_gradients_none():
     out = values(run_ranks(_collective_rank, 3, timeout=120))
     weights = [3, 0, 2]

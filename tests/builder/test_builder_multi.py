@@ -61,6 +61,7 @@ def _gone(pid: int) -> bool:
 COMBOS = [(p, b) for p in ApplyPolicy for b in AverageBackend]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("policy", "backend"), COMBOS, ids=[f"{p.name}-{b.name}" for p, b in COMBOS])
 def test_combination_trains_to_accuracy_with_speed_shares(policy, backend, tmp_path):
     b = _builder(policy, backend)
@@ -110,6 +111,7 @@ def test_combination_trains_to_accuracy_with_speed_shares(policy, backend, tmp_p
             assert torch.equal(last["model"][k], v)
 
 
+@pytest.mark.slow
 def test_cpu_backend_survives_a_killed_worker():
     handle = (
         _builder(ApplyPolicy.CADENCE, AverageBackend.CPU, workers=3, ms=20.0, epochs=4)

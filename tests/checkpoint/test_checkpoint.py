@@ -92,6 +92,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delay", [0.7, 1.3, 2.1])
 def test_sigkill_during_a_write_leaves_a_loadable_checkpoint(tmp_path, delay):
     script = tmp_path / "writer.py"

@@ -97,6 +97,7 @@ def _resumes(tmp_path: Path, ckpt: Path, expected_step: int) -> None:
     assert names <= OWN and "checkpoint.json" in names and len(names) == 2, names  # the manifest and one slot
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", STAGES)
 def test_sigkill_at_each_moment_of_a_write_resumes(tmp_path, stage):
     ckpt = tmp_path / "ckpt"
@@ -114,6 +115,7 @@ def _refused_second_write(tmp_path: Path, proc: subprocess.Popen, ckpt: Path, ne
     assert {p.name for p in ckpt.iterdir()} == {"checkpoint.json", "checkpoint.0.safetensors"}  # nothing half-written
 
 
+@pytest.mark.slow
 def test_a_full_disk_enospc_at_the_manifest_keeps_the_previous_checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt"
     proc = _writer(tmp_path, ckpt, 2, fault="manifest-written:enospc@2")
@@ -121,6 +123,7 @@ def test_a_full_disk_enospc_at_the_manifest_keeps_the_previous_checkpoint(tmp_pa
     _resumes(tmp_path, ckpt, 1)
 
 
+@pytest.mark.slow
 def test_a_real_file_size_limit_keeps_the_previous_checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt"
     proc = _writer(tmp_path, ckpt, 2, "fsize")  # RLIMIT_FSIZE: the kernel refuses the write (EFBIG)
@@ -128,6 +131,7 @@ def test_a_real_file_size_limit_keeps_the_previous_checkpoint(tmp_path):
     _resumes(tmp_path, ckpt, 1)
 
 
+@pytest.mark.slow
 def test_a_read_only_checkpoint_directory_keeps_the_previous_checkpoint(tmp_path):
     """chmod 0555 stops a normal user; root ignores modes, so as root the writer drops to uid 65534 (nobody) after
     its first write, in a directory tree nobody may traverse but not write."""

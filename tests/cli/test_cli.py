@@ -284,6 +284,7 @@ def _env():
     return env
 
 
+@pytest.mark.slow
 def test_python_m_flodl_hf_train_end_to_end(workdir, tmp_path):
     out = tmp_path / "run"
     result = subprocess.run(

@@ -68,6 +68,7 @@ def one_error_line(err: str) -> str:
     ("question-answering", ["--eval-split", "validation"], "--eval-split describes --data"),
     ("question-answering", ["--max-micro-batch", "auto"], "--max-micro-batch auto"),
 ])
+@pytest.mark.slow
 def test_train_refuses_options_a_task_does_not_support(tmp_path, capsys, task, extra, flag):
     code, _, err = run_cli(["train", "--task", task, *extra, "--output-dir", tmp_path / "out"], capsys)
     line = one_error_line(err)
@@ -214,6 +215,7 @@ def test_question_answering_from_squad_json_beats_its_baselines(tiny_checkpoint,
     assert code == 2 and "3 TEXT(s) (the contexts) but 2 --question" in one_error_line(err)
 
 
+@pytest.mark.slow
 def test_fill_mask_in_a_real_subprocess_lowers_perplexity(tiny_checkpoint, work, tmp_path):
     out = tmp_path / "mlm"
     env = subprocess_env()
@@ -232,6 +234,7 @@ def test_fill_mask_in_a_real_subprocess_lowers_perplexity(tiny_checkpoint, work,
     assert proc.stdout.count("=") == 3 and proc.stdout.rstrip().endswith("\tthe movie was [MASK]")
 
 
+@pytest.mark.slow
 def test_two_cpu_ranks_train_token_classification(tiny_checkpoint, work, tmp_path):
     out = tmp_path / "tok2"
     proc = subprocess.run([sys.executable, "-m", "flodl_hf", "train", "--task", "token-classification", "--model",
@@ -293,6 +296,7 @@ def test_interrupted_task_run_resumes_exactly_with_periodic_evaluation(tiny_chec
     ("question-answering", "squad.json", "ForQuestionAnswering"),
     ("fill-mask", "texts.txt", "ForMaskedLM"),
 ])
+@pytest.mark.slow
 def test_every_family_trains_every_task_and_the_output_loads_in_transformers(tiny_checkpoint, work, tmp_path, capsys,
                                                                              family, task, data, suffix):
     import transformers

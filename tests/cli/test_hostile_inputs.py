@@ -88,6 +88,7 @@ def test_the_table_is_large_and_distinct():
     assert f"`tests/hostile_cases.py`, {len(ids)} cases" in page  # docs/bad-input.md's count stays true
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_hostile_input(case, shared, tmp_path):
     if "without CUDA" in case.id:
@@ -127,6 +128,7 @@ def _plant(rng: random.Random, root: Path, paths: list[str]) -> None:
             target.write_bytes(bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 64))))
 
 
+@pytest.mark.slow
 def test_foreign_files_stay_byte_identical_under_every_command(shared, tmp_path):
     """Random foreign files in every path a command writes; every command run against them, with and without
     --overwrite; afterwards each foreign file is byte-identical (the only new paths are the commands' own)."""
@@ -161,6 +163,7 @@ def test_foreign_files_stay_byte_identical_under_every_command(shared, tmp_path)
         assert listing(work) == planted, seed
 
 
+@pytest.mark.slow
 def test_a_successful_run_leaves_a_users_files_in_its_checkpoint_dir(shared, tmp_path):
     """--checkpoint-dir DIR that holds a user's files: the run writes and removes only its own entries."""
     (tmp_path / "ck").mkdir()
@@ -192,6 +195,7 @@ def test_a_huge_label_value_costs_memory_of_the_file_not_of_the_value(tmp_path):
 
 # --- signals and faults ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_like_ctrl_c_and_stale_temporaries_are_removed(shared, tmp_path):
     data = tmp_path / "long.csv"
     data.write_text("text,label\n" + "".join(f"{t},{'pos' if y else 'neg'}\n" for t, y in toy_task(3000)))
@@ -272,6 +276,7 @@ def test_stale_temporaries_are_flodl_hfs_own_names_only(tmp_path):
     assert (tmp_path / "out" / "f").read_text() == ".out.old-0123abcd"
 
 
+@pytest.mark.slow
 def test_a_failed_run_leaves_no_marker_in_a_users_checkpoint_dir(shared, tmp_path):
     """A NaN loss (exit 1) with --checkpoint-dir DIR, a user's directory: DIR ends as it began."""
     (tmp_path / "ck").mkdir()

@@ -85,6 +85,7 @@ def test_deeply_nested_squad_json_is_one_clear_error(tmp_path):
         load_qa_data(tmp_path / "squad_deep.json")
 
 
+@pytest.mark.slow
 def test_deeply_nested_json_through_the_cli(shared, tmp_path):
     (tmp_path / "deep.json").write_text(DEEP)
     (tmp_path / "deep.jsonl").write_text('{"text": "a", "label": ' + DEEP + "}\n")

@@ -157,6 +157,7 @@ def main_raising(argv: list[str]) -> None:
     _cmd_export(build_parser().parse_args(argv))
 
 
+@pytest.mark.slow
 def test_python_m_flodl_hf_verify_a_tagger(tmp_path):
     out = save_head("token-classification", "roberta", tmp_path / "tagger")
     env = dict(os.environ, HF_HUB_OFFLINE="1")

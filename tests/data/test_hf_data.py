@@ -78,6 +78,7 @@ def accuracy_of(model: Path, data: Path, tmp_path: Path, name: str) -> float:
     return json.loads((tmp_path / f"{name}.json").read_text())["accuracy"]
 
 
+@pytest.mark.slow
 def test_reordered_class_label_scores_like_the_original_order(trained, work, tmp_path):
     same = accuracy_of(trained, work / "test_same", tmp_path, "same")
     assert same >= 0.75, same  # the model learned the task: a positional mix-up would show
@@ -123,6 +124,7 @@ def test_split_and_file_formats_load(work, tmp_path):
     assert len(load_text_classification(work / "dd")) == 400  # default: train
 
 
+@pytest.mark.slow
 def test_missing_split_and_unknown_hub_id_are_one_line(work, tmp_path):
     line = one_error(cli_run("train", "--model", work / "base", "--data", work / "dd", "--split", "dev",
                              "--output-dir", tmp_path / "o", "--no-progress"))
@@ -146,6 +148,7 @@ def multi_label_rows(n: int) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_multi_label_trains_from_the_cli(work, tmp_path):
     data = tmp_path / "multi.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in multi_label_rows(400)))
@@ -161,6 +164,7 @@ def test_multi_label_trains_from_the_cli(work, tmp_path):
     assert result.returncode == 0 and "micro_f1=" in result.stdout and "macro_f1=" in result.stdout, result.stderr
 
 
+@pytest.mark.slow
 def test_regression_trains_from_the_cli(work, tmp_path):
     rows = ["text,score\n" + "".join(f"{t},{0.9 * y + 0.05 * (i % 3)}\n"
                                      for i, (t, y) in enumerate(toy_task(400, seed=seed))) for seed in (7, 8)]
@@ -219,6 +223,7 @@ def entailment_rows(n: int) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_pair_training_never_drops_the_second_text(work, tmp_path):
     """With heads that encode pairs (issue 11's heads side), a pair task trains and predict --pair runs; with
     heads that cannot, training on pairs is refused in one line instead of silently training on the premises."""
@@ -248,6 +253,7 @@ def test_pair_training_never_drops_the_second_text(work, tmp_path):
 
 # --- 5. the best checkpoint ----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_early_stopping_writes_the_best_weights(work, tmp_path):
     out = tmp_path / "out"
     # lr 1e-2 is too high for this tiny model: held-out accuracy peaks at the first evaluation, then falls, and

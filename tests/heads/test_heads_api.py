@@ -99,6 +99,7 @@ def test_public_callables_have_type_hints():
     assert missing == []
 
 
+@pytest.mark.slow
 def test_importing_heads_does_nothing_observable():
     probe = r"""
 import contextlib, io, json, logging, os, sys, warnings

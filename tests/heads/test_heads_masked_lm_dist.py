@@ -4,6 +4,8 @@ by its tokens and the update equals the one-process loss over every masked token
 
 from __future__ import annotations
 
+import pytest
+
 import torch
 from dist_helpers import run_ranks, values
 from mlm_helpers import fresh_head, toy_corpus
@@ -55,6 +57,7 @@ def _reference() -> list[torch.Tensor]:
     return [p.detach() for p in head.graph().module.parameters()]
 
 
+@pytest.mark.slow
 def test_two_ranks_uneven_split_equal_one_process():
     results = values(run_ranks(_mlm_rank, 2))
     reference = _reference()

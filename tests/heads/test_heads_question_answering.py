@@ -218,6 +218,7 @@ def exact_match(head, items) -> float:
     return sum(a["answer"] == i["answer_text"] for a, i in zip(answers, items)) / len(items)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_short_fine_tune_learns_the_opinion_task(family):
     head = fresh(family, max_length=24)

@@ -99,6 +99,7 @@ def _reference(micro_by_rank: list, n: int, per_item: bool) -> dict:
     (2, [6, 2], 2),
     pytest.param(3, [5, 1, 3], 1, marks=pytest.mark.slow),  # ~25 s on 2 cores: three processes import transformers
 ])
+@pytest.mark.slow
 def test_qa_windows_on_n_ranks_equal_one_process(world, sizes, anchor):
     results = values(run_ranks(_rank, world, sizes, anchor, timeout=120))
     micro_by_rank = [micro for micro, _ in results]

@@ -90,6 +90,7 @@ def _reference(family: str, all_subwords: bool, sizes: list[int], anchor: int, w
     (2, [11, 5], 3, "bert", False),
     (3, [9, 2, 1], 2, "roberta", True),
 ])
+@pytest.mark.slow
 def test_ranks_end_with_the_weights_of_one_process(world, sizes, anchor, family, all_subwords):
     windows = 4
     results = values(run_ranks(_rank, world, family, all_subwords, sizes, anchor, windows, timeout=180))

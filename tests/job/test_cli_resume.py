@@ -119,6 +119,7 @@ def _interrupt_subprocess(argv: list[str], cwd: Path) -> tuple[int, str, str]:
     return proc.returncode, "".join(seen) + out, err
 
 
+@pytest.mark.slow
 def test_ctrl_c_on_a_real_process_checkpoints_and_prints_the_resume_command(work, uninterrupted, tmp_path):
     out = tmp_path / "out"
     code, _, stderr = _interrupt_subprocess([*run_args(work), "--output-dir", str(out), "--checkpoint-every", "2"],

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_setup_head_notebook_runs(tmp_path):
     import nbclient  # dev dependencies: a missing one is a broken test environment, not a skip
     import nbformat

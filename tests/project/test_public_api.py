@@ -3,6 +3,8 @@ flodl_hf or heads does nothing observable."""
 
 from __future__ import annotations
 
+import pytest
+
 import importlib
 import re
 import subprocess
@@ -22,6 +24,7 @@ def test_flodl_hf_all_is_pinned():
         assert getattr(flodl_hf, name) is not None
 
 
+@pytest.mark.slow
 def test_import_is_silent_and_changes_nothing():
     code = ("import os, sys; before = dict(os.environ); import flodl_hf, heads, flodl_hf.cli, flodl_hf.trainer; "
             "assert dict(os.environ) == before, 'environment changed'; "

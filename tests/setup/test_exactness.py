@@ -24,6 +24,7 @@ def _cases_by_world() -> dict[int, list[dict]]:
     return by_world
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120 + 2 * CASES)  # a soak of thousands of cases outlives the suite's per-test default
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_random_loops_match_the_one_process_reference(world):

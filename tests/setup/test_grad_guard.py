@@ -79,6 +79,7 @@ def _one_process_two_losses() -> list:
     ("scale", "its gradient was changed between backward() and graph.step()"),
     ("accumulate", "graph.step() came after 2 backward passes while 1 more batch(es)"),
 ])
+@pytest.mark.slow
 def test_gradient_edits_and_loop_accumulation_are_refused_on_every_rank(how, expect, overlap):
     results = run_ranks(_rank, W, how, overlap, timeout=90)
     assert all(status == "error" for status, _ in results), results
@@ -87,6 +88,7 @@ def test_gradient_edits_and_loop_accumulation_are_refused_on_every_rank(how, exp
         assert ("DdpConfig(max_grad_norm=...)" in message) == (how != "accumulate"), message
 
 
+@pytest.mark.slow
 def test_two_losses_of_one_batch_still_equal_one_process():
     reference = _one_process_two_losses()
     for params in values(run_ranks(_rank, W, "two-losses", False, timeout=90)):

@@ -62,6 +62,7 @@ def _fingerprints(*outputs: str, world: int) -> dict[int, str]:
     return found
 
 
+@pytest.mark.slow
 def test_plain_python_starts_the_other_ranks(tiny_job):
     proc = _run([sys.executable, str(QUICKSTART), *tiny_job, "--devices", "cpu,cpu"], _env())
     assert proc.returncode == 0, proc.stderr
@@ -69,12 +70,14 @@ def test_plain_python_starts_the_other_ranks(tiny_job):
     assert "flodl-hf: 2 ranks (homogeneous, gloo)" in proc.stderr
 
 
+@pytest.mark.slow
 def test_devices_environment_variable(tiny_job):
     proc = _run([sys.executable, str(QUICKSTART), *tiny_job], _env(FLODL_HF_DEVICES="cpu,cpu"))
     assert proc.returncode == 0, proc.stderr
     _fingerprints(proc.stdout, world=2)
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes(tiny_job):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
            str(free_port()), str(QUICKSTART), *tiny_job]
@@ -124,6 +127,7 @@ print("finished", graph.rank)
 """
 
 
+@pytest.mark.slow
 def test_a_failing_rank_ends_the_job(tmp_path):
     script = tmp_path / "failing.py"
     script.write_text(FAILING.format(root=str(ROOT)))

@@ -69,6 +69,7 @@ def _grouped_rank(rank: int, world: int):
     return [p.detach().clone() for p in graph.module.parameters()]
 
 
+@pytest.mark.slow
 def test_two_ranks_with_length_grouping_equal_one_process_on_the_grouped_order():
     got = values(run_ranks(_grouped_rank, 2, timeout=120))
     torch.manual_seed(100)

@@ -77,6 +77,7 @@ def _loop(rank: int, world: int, how: str, overlap: bool) -> dict:
     ("clip", "changed between backward() and graph.step()", "DdpConfig(max_grad_norm=...)"),
     ("items-after", "call graph.loss_items(...) once, before loss.backward()", "DdpConfig(overlap=False)"),
 ])
+@pytest.mark.slow
 def test_overlap_refuses_what_it_cannot_keep_exact(how, expect, fix):
     results = run_ranks(_loop, 2, how, True, timeout=60)
     assert all(status == "error" for status, _ in results), results
@@ -89,6 +90,7 @@ def test_overlap_refuses_what_it_cannot_keep_exact(how, expect, fix):
         assert values(plain)[0]["early"] == 0
 
 
+@pytest.mark.slow
 def test_overlap_and_no_overlap_give_the_same_model_bit_for_bit():
     on = values(run_ranks(_loop, 2, "plain", True, timeout=60))
     off = values(run_ranks(_loop, 2, "plain", False, timeout=60))
@@ -99,6 +101,7 @@ def test_overlap_and_no_overlap_give_the_same_model_bit_for_bit():
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_a_rank_failing_after_its_buckets_started_stops_the_others():
     start = time.monotonic()
     results = run_ranks(_loop, 2, "fail", True, timeout=60)
@@ -137,6 +140,7 @@ def _fail_in_optimizer_step(rank: int, world: int, overlap: bool) -> str:
     return "finished"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlap", [True, False])
 def test_a_rank_failing_after_the_exchange_is_reported_as_failed(overlap):
     start = time.monotonic()
@@ -165,6 +169,7 @@ def _anchor_after_backward(rank: int, world: int, overlap: bool) -> dict:
     return {"stepped": stepped, "params": [p.detach().clone() for p in graph.module.parameters()]}
 
 
+@pytest.mark.slow
 def test_anchor_set_between_backward_and_step_applies_from_the_next_window_with_overlap():
     # with overlap the window's anchor is fixed at its first backward (its buckets may already be on the wire), so
     # the new anchor starts with the next window; without overlap it is fixed at the first graph.step()
@@ -193,6 +198,7 @@ def _scale_through_data(rank: int, world: int, overlap: bool) -> list:
     return [p.detach().clone() for p in graph.module.parameters()]
 
 
+@pytest.mark.slow
 def test_grad_edited_through_data_is_refused():
     values(run_ranks(_scale_through_data, 2, False, timeout=60))  # without overlap the edit applies
     on = run_ranks(_scale_through_data, 2, True, timeout=60)

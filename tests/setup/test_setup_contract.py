@@ -63,6 +63,7 @@ def _masked_rank(rank: int, world: int, rows: list, sizes: list[int], anchor: in
     return {k: v.detach().clone() for k, v in head.model.state_dict().items()}
 
 
+@pytest.mark.slow
 def test_masked_labels_on_uneven_ranks_match_transformers_on_one_process():
     rows = [(text, label if i % 3 else -100) for i, (text, label) in enumerate(tiny_models.toy_task(48, seed=1))]
     rows = [(t, (lab + i) % 3 if lab != -100 else -100) for i, (t, lab) in enumerate(rows)]
@@ -127,6 +128,7 @@ def _readahead_rank(rank: int, world: int, mode: str, change: bool):
     return [p.detach().clone() for p in graph.module.parameters()], graph.training_step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change", [False, True])
 def test_read_ahead_of_any_kind_trains_the_same_model(change):
     """Bit-identical while the split is fixed. When the split changes, a step already read ahead keeps the split
@@ -179,6 +181,7 @@ def _cap_rank(rank: int, world: int):
     return sizes, graph.el_che().batch_sizes()
 
 
+@pytest.mark.slow
 def test_memory_cap_is_never_exceeded_and_the_rest_goes_elsewhere():
     (fast, plan), (slow, _) = values(run_ranks(_cap_rank, 2))
     assert max(fast) <= 40 and plan == [40, 24]  # uncapped, 1 : 0.1 would give the fast rank 58 of 64
@@ -216,6 +219,7 @@ def _fixed_anchor_rank(rank: int, world: int):
     return anchors, graph.training_step
 
 
+@pytest.mark.slow
 def test_fixed_anchor_keeps_the_effective_batch_constant():
     anchors, steps = values(run_ranks(_fixed_anchor_rank, 2))[0]
     assert set(anchors) == {3} and steps == 10  # sync >> compute here, yet the window never grows
@@ -240,6 +244,7 @@ def _flag_rank(rank: int, world: int):
     return seen
 
 
+@pytest.mark.slow
 def test_a_flag_raised_on_one_rank_is_seen_by_all_after_the_window():
     for seen in values(run_ranks(_flag_rank, 2)):
         assert seen == [0, 2, 0, 0]
@@ -274,6 +279,7 @@ def _pending_rank(rank: int, world: int):
     return [str(w.message) for w in caught]
 
 
+@pytest.mark.slow
 def test_close_inside_a_window_says_what_it_discards():
     for rank, messages in enumerate(values(run_ranks(_pending_rank, 2))):
         assert len(messages) == 1 and "discards an unfinished El Che window: 2 micro-batch(es), 4 sample(s)" in \
@@ -292,6 +298,7 @@ def _vanish_rank(rank: int, world: int):
     graph.close()
 
 
+@pytest.mark.slow
 def test_a_vanished_rank_is_named_by_every_survivor():
     start = time.monotonic()
     results = run_ranks(_vanish_rank, 3, timeout=60)
@@ -335,11 +342,13 @@ def _mixed_reduction_rank(rank: int, world: int):
     graph.step()
 
 
+@pytest.mark.slow
 def test_ranks_declaring_different_reductions_are_told():
     for status, message in run_ranks(_mixed_reduction_rank, 2, timeout=60):
         assert status == "error" and "different loss reductions" in message, message
 
 
+@pytest.mark.slow
 def test_the_exact_loop_example_runs_on_two_cpu_ranks(tmp_path):
     import subprocess
     import sys

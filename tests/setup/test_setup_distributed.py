@@ -76,6 +76,7 @@ def _reference(sizes: list[int], anchor: int, windows: int, clip) -> list[torch.
     (3, [9, 2, 1], 2, None),
     (2, [3, 13], 1, 0.05),
 ])
+@pytest.mark.slow
 def test_windows_equal_one_big_batch(world, sizes, anchor, clip):
     windows = 4
     results = values(run_ranks(_exact_rank, world, sizes, anchor, windows, clip))
@@ -105,6 +106,7 @@ def _hetero_rank(rank: int, world: int, ms_per_sample: float, windows: int):
     return graph.el_che().history
 
 
+@pytest.mark.slow
 def test_shares_converge_to_speed_ratio():
     history = values(run_ranks(_hetero_rank, 2, 2.0, 8))[0]
     target = 1.0 / 1.4
@@ -144,6 +146,7 @@ def _anchor_rank(rank: int, world: int):
     return fast, slow
 
 
+@pytest.mark.slow
 def test_anchor_rises_with_overhead_then_decays():
     fast, slow = values(run_ranks(_anchor_rank, 2))[0]
     # 1M parameters and a near-empty forward: sync time >> 10 % of compute, so the anchor jumps up
@@ -182,6 +185,7 @@ def _failing_rank(rank: int, world: int, mode: str):
     ("uneven", "different numbers of steps"),
     ("anchors", "after different numbers of micro-batches [2, 3]"),
 ])
+@pytest.mark.slow
 def test_rank_failure_stops_the_others(mode, expect):
     start = time.monotonic()
     results = run_ranks(_failing_rank, 2, mode, timeout=60)
@@ -229,6 +233,7 @@ def _coverage_rank(rank: int, world: int, max_anchor):
     return epochs, sizes, graph.el_che().anchor
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_anchor", [None, 0])
 def test_epochs_are_disjoint_and_complete(max_anchor):
     world = 3
@@ -263,6 +268,7 @@ def _partial_rank(rank: int, world: int, n: int):
     return [p.detach().clone() for p in graph.module.parameters()], graph.training_step
 
 
+@pytest.mark.slow
 def test_padded_final_step_is_exact():
     n = 81  # 5 full steps of 16, then one sample: rank 1's share is zero, it runs on one padding sample
     results = values(run_ranks(_partial_rank, 2, n))
@@ -340,6 +346,7 @@ def _plan_rank(rank: int, world: int, what: str):
     ("rows", "datasets of [48, 40] rows"),
     ("seed", "plan seeds [0, 1]"),
 ])
+@pytest.mark.slow
 def test_ranks_with_different_data_plans_stop_before_any_update(what, expect):
     """A natural reflex on mixed devices (a smaller batch on the slower one), a rank-local shard or seed would make
     each rank's plan cut the data differently; the first window end refuses it, naming the values, before any

@@ -99,6 +99,7 @@ def _replay(results: list[dict], seeds: list[int]) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seeding", ["set_seed", "per-rank"])
 def test_each_rank_draws_dropout_from_its_own_generator_and_nothing_else(seeding):
     results = values(run_ranks(_rank, 2, seeding, timeout=120))

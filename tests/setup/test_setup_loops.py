@@ -208,7 +208,8 @@ def _stale_rank(rank: int, world: int) -> dict:
     return {"error": None}
 
 
-@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.slow),
+                                   pytest.param(3, marks=pytest.mark.slow)])
 def test_a_loop_that_calls_the_wrapped_model_is_refused_at_the_first_step(world):
     results = [_stale_rank(0, 1)] if world == 1 else [r["stale"] for r in _runs(world)]
     for r in results:
