@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite: everything except GPU-only tests (the `gpu` marker), on CPU with real gloo ranks.
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow and not gpu"` for the quick subset.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the quick tier.
 # `bash scripts/test.sh --latest [pytest args]`: the same suite against the newest releases pyproject.toml admits
 # (its own environment, .venv-latest) instead of the tested versions in constraints.txt.
 set -euo pipefail
