@@ -3,12 +3,14 @@
 It exists so that ``train``, ``eval``, the model cards and user scripts compute every figure the same way, in one
 place apart from the job that reports them (``flodl_hf.job``). Importing the package imports the classification
 metrics and the loss-curve plot (the documented ``from flodl_hf.metrics import accuracy``); the others load on
-demand.
+demand. Each figure follows the library or official rule people trust for it, and is tested against it on seeded
+random cases (``tests/job/test_metrics_vs_libraries.py``; the libraries are in the ``dev`` extra only).
 
-* ``classification``: accuracy, macro-F1, per-label scores, confusion matrix; multi-label micro- / macro-F1.
-* ``regression``: Pearson and Spearman correlations.
-* ``entities``: seqeval-style entity precision / recall / F1 of IOB2 tags, and word accuracy.
-* ``squad``: SQuAD exact match and token F1.
+* ``classification``: accuracy, macro-F1, per-label scores, confusion matrix; multi-label micro- / macro-F1
+  (scikit-learn's).
+* ``regression``: Pearson and Spearman correlations (scipy.stats').
+* ``entities``: entity precision / recall / F1 of IOB2 tags (seqeval's default mode), and word accuracy.
+* ``squad``: SQuAD exact match and token F1 (the official v1.1 / v2.0 rules).
 * ``curves``: the loss-curve PNG.
 """
 

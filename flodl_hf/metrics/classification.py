@@ -2,8 +2,16 @@
 (single-label), and micro- / macro-F1 and subset accuracy of label-id sets (multi-label).
 
 It exists so that the CLI, the model card and user scripts report the same numbers computed the same way, with no
-scikit-learn dependency. Conventions follow scikit-learn's defaults: macro-F1 averages over the labels that occur
-in either the references or the predictions, and a score whose denominator is zero counts as 0.
+scikit-learn dependency. Every figure is scikit-learn's, with ``zero_division=0`` (a precision, recall or F1 whose
+denominator is zero counts as 0, which is what scikit-learn's default ``"warn"`` returns), and is tested against
+scikit-learn on seeded random cases (``tests/job/test_metrics_vs_libraries.py``):
+
+* single-label: ``accuracy_score``; ``f1_score(average="macro")`` without ``labels=``, i.e. averaged over the labels
+  that occur in the references or the predictions; ``precision_recall_fscore_support(average=None)``;
+  ``confusion_matrix`` (rows: references, columns: predictions).
+* multi-label (label-id sets as indicator rows): ``f1_score(average="micro")``; ``f1_score(average="macro")`` over
+  **every** label column, a label that is neither gold nor predicted anywhere counting F1 0; subset accuracy
+  (``accuracy_score``: a row counts when every label is right).
 """
 
 from __future__ import annotations
@@ -54,7 +62,8 @@ def per_label_scores(predictions: Sequence[int], references: Sequence[int],
 
 
 def macro_f1(predictions: Sequence[int], references: Sequence[int], num_labels: Optional[int] = None) -> float:
-    """Unweighted mean F1 over the labels present in the references or the predictions."""
+    """Unweighted mean F1 over the labels present in the references or the predictions (scikit-learn's
+    ``f1_score(average="macro")`` without ``labels=``; ``num_labels`` sizes the table, it adds no absent label)."""
     scores = per_label_scores(predictions, references, num_labels)
     present = [s["f1"] for s in scores if s["support"] or s["predicted"]]
     return sum(present) / len(present)
@@ -98,7 +107,7 @@ def _f1(tp: int, fp: int, fn: int) -> float:
 
 def multi_label_summary(predicted: Sequence[Sequence[int]], references: Sequence[Sequence[int]],
                         labels: Sequence[str]) -> dict:
-    """Micro- and macro-F1, subset accuracy and per-label scores of label-id sets."""
+    """Micro- and macro-F1, subset accuracy and per-label scores of label-id sets (macro: over every label)."""
     k = len(labels)
     tp, fp, fn = [0] * k, [0] * k, [0] * k
     exact = 0
@@ -111,16 +120,11 @@ def multi_label_summary(predicted: Sequence[Sequence[int]], references: Sequence
             fp[i] += 1
         for i in ref - pred:
             fn[i] += 1
-    per_label = {}
-    present = []
-    for i, name in enumerate(labels):
-        f1 = _f1(tp[i], fp[i], fn[i])
-        per_label[str(name)] = {"precision": tp[i] / (tp[i] + fp[i]) if tp[i] + fp[i] else 0.0,
-                                "recall": tp[i] / (tp[i] + fn[i]) if tp[i] + fn[i] else 0.0,
-                                "f1": f1, "support": tp[i] + fn[i]}
-        if tp[i] + fn[i] or tp[i] + fp[i]:
-            present.append(f1)
+    f1s = [_f1(tp[i], fp[i], fn[i]) for i in range(k)]
+    per_label = {str(name): {"precision": tp[i] / (tp[i] + fp[i]) if tp[i] + fp[i] else 0.0,
+                             "recall": tp[i] / (tp[i] + fn[i]) if tp[i] + fn[i] else 0.0,
+                             "f1": f1s[i], "support": tp[i] + fn[i]} for i, name in enumerate(labels)}
     return {"micro_f1": _f1(sum(tp), sum(fp), sum(fn)),
-            "macro_f1": sum(present) / len(present) if present else 0.0,
+            "macro_f1": sum(f1s) / len(f1s) if f1s else 0.0,
             "accuracy": exact / len(references) if references else 0.0,
             "num_examples": len(references), "per_label": per_label}

@@ -10,7 +10,8 @@ project takes no new dependency for a 60-line metric. The rules are seqeval's de
 * A predicted entity counts as correct only when its type, first and last word all equal a gold entity's.
 
 Micro scores pool every entity of every type; ``per_type`` gives the same three figures (and the gold count,
-``support``) per entity type. With no predicted (gold) entity, precision (recall) is 0, as in seqeval.
+``support``) per entity type. With no predicted (gold) entity, precision (recall) is 0, as in seqeval. Tested against
+``seqeval.metrics`` (default mode) on seeded random tag sequences, malformed ones included.
 """
 
 from __future__ import annotations

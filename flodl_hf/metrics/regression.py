@@ -2,7 +2,8 @@
 
 It exists so that ``train`` and ``eval`` of a regression model (``--problem-type regression``, e.g. STS) score it
 as scipy.stats would: Spearman is the Pearson correlation of average ranks (ties share their rank), and a constant
-side gives 0.0 rather than NaN.
+side gives 0.0 rather than NaN (JSON has no NaN, and a best-checkpoint comparison needs a number). Tested against
+``scipy.stats.pearsonr`` / ``spearmanr`` on seeded random cases, ties and constant sides included.
 """
 
 from __future__ import annotations

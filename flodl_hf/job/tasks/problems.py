@@ -6,10 +6,11 @@ It exists so that ``train`` (held-out scores, periodic evaluation, early stoppin
 scikit-learn or scipy:
 
 * ``single_label``: accuracy and macro-F1 (``flodl_hf.metrics``), per-label scores and the confusion matrix.
-* ``multi_label``: a label applies when its sigmoid is >= 0.5; micro-F1 and macro-F1 over the labels (sklearn's
-  conventions: a zero denominator counts 0; macro averages labels present in references or predictions), subset
+* ``multi_label``: a label applies when its sigmoid is >= 0.5; micro-F1 and macro-F1 (scikit-learn's: a zero
+  denominator counts 0; macro averages every label column, as ``f1_score`` on indicator rows does), subset
   accuracy (every label of the row right), per-label scores.
-* ``regression``: Pearson and Spearman correlations (Spearman: Pearson of average ranks, ties shared) and MSE.
+* ``regression``: Pearson and Spearman correlations (scipy.stats'; Spearman: Pearson of average ranks, ties
+  shared; 0.0 where either side is constant, where scipy gives NaN) and MSE.
 
 Every summary also holds ``loss``, the problem's training loss on the data (cross-entropy, BCE or MSE), so that
 ``--metric-for-best loss`` works for every type. :data:`DEFAULT_METRIC` names the metric early stopping and the

@@ -3,7 +3,8 @@
 It exists to hold what only this task does: read SQuAD-shaped rows (``flodl_hf.data.qa``), refuse the options
 whose columns QA fixes (``question``, ``context``, ``answers``) and the memory probe (``--max-micro-batch auto``
 cannot read start/end logits), score the head's best span (``head.answer``) with SQuAD exact match and token F1
-(``flodl_hf.metrics.squad``), and compare with answering the first word of the context.
+(``flodl_hf.metrics.squad``; by the official v1.1 rule, as the reader refuses unanswerable questions), and compare
+with answering the first word of the context.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class QuestionAnswering(RowsTask):
 
     def baselines(self, eval_rows: Any) -> dict:
         return {"first word of the context": {k: v for k, v in first_word_baseline(eval_rows).items()
-                                              if k != "questions"}}
+                                              if isinstance(v, float)}}
 
 
 TASK = QuestionAnswering()
