@@ -19,20 +19,23 @@ import string
 import warnings
 from collections import Counter
 
+import numpy as np
 import pytest
+import scipy.stats as stats
+import seqeval.metrics as seqeval_metrics
+import sklearn.metrics as skm  # the references are the dev extra's: a missing one fails, it does not skip
 import torch
+from seqeval.metrics.sequence_labeling import get_entities
 
-np = pytest.importorskip("numpy")
-skm = pytest.importorskip("sklearn.metrics")
-stats = pytest.importorskip("scipy.stats")
-seqeval_metrics = pytest.importorskip("seqeval.metrics")
+from flodl_hf.job.tasks.problems import summarize
+from flodl_hf.metrics.classification import (accuracy, classification_summary, confusion_matrix, macro_f1,
+                                             multi_label_summary, per_label_scores)
+from flodl_hf.metrics.entities import entities, entity_scores, token_accuracy
+from flodl_hf.metrics.regression import pearson, spearman
+from flodl_hf.metrics.squad import exact_match, normalize_answer, squad_scores, token_f1
+from heads._mlm_run import perplexity
 
-from flodl_hf.job.tasks.problems import summarize  # noqa: E402
-from flodl_hf.metrics.classification import (accuracy, classification_summary, confusion_matrix,  # noqa: E402
-                                             macro_f1, multi_label_summary, per_label_scores)
-from flodl_hf.metrics.entities import entities, entity_scores, token_accuracy  # noqa: E402
-from flodl_hf.metrics.regression import pearson, spearman  # noqa: E402
-from flodl_hf.metrics.squad import exact_match, normalize_answer, squad_scores, token_f1  # noqa: E402
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 CASES = 300
 approx = lambda value: pytest.approx(value, rel=1e-9, abs=1e-12)  # noqa: E731
@@ -76,7 +79,7 @@ def test_single_label_metrics_equal_scikit_learn():
 
 # --- multi-label classification: scikit-learn on indicator rows --------------------------------------------------
 
-def _hot(rows: list[list[int]], k: int) -> "np.ndarray":
+def _hot(rows: list[list[int]], k: int) -> np.ndarray:
     out = np.zeros((len(rows), k), dtype=int)
     for i, ids in enumerate(rows):
         out[i, list(ids)] = 1
@@ -114,7 +117,7 @@ def test_multi_label_macro_f1_counts_a_label_nobody_has():
 def test_problem_summaries_equal_scikit_learn_and_scipy():
     torch.manual_seed(0)
     rng = random.Random(7)
-    for _ in range(30):
+    for _ in range(100):
         k, n = rng.randint(2, 5), rng.randint(2, 30)
         logits = torch.randn(n, k) * 2
         gold = _ids(rng, n, k)
@@ -185,8 +188,6 @@ def _tag_case(rng: random.Random) -> tuple[list[list[str]], list[list[str]]]:
 
 
 def test_entity_scores_equal_seqeval():
-    from seqeval.metrics.sequence_labeling import get_entities
-
     rng = random.Random(5)
     for _ in range(CASES):
         gold, pred = _tag_case(rng)
@@ -330,8 +331,6 @@ class _FakeMaskedLM:
 
 
 def test_perplexity_equals_exp_of_the_mean_masked_cross_entropy():
-    from heads._mlm_run import perplexity
-
     generator = torch.Generator().manual_seed(3)
     rng = random.Random(3)
     for _ in range(100):
