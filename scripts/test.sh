@@ -12,8 +12,21 @@ fi
 bash scripts/bootstrap.sh test
 if [ "${FLODL_HF_LATEST:-0}" = 1 ]; then venv="${FLODL_HF_VENV:-.venv-latest}"; else venv="${FLODL_HF_VENV:-.venv}"; fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-args=("$@")
-[ ${#args[@]} -gt 0 ] || args=(-m "not gpu")
+# GPU-only tests run only when a marker expression names them (`-m gpu`); any other `-m EXPR` becomes
+# `-m "(EXPR) and not gpu"`, and no `-m` at all adds `-m "not gpu"`.
+args=()
+marked=0
+while [ $# -gt 0 ]; do
+  if [ "$1" = -m ] && [ $# -ge 2 ]; then
+    marked=1
+    case "$2" in *gpu*) args+=(-m "$2") ;; *) args+=(-m "($2) and not gpu") ;; esac
+    shift 2
+  else
+    args+=("$1")
+    shift
+  fi
+done
+[ $marked = 1 ] || args+=(-m "not gpu")
 set +e
 "$venv/bin/python" -m pytest "${args[@]}"
 rc=$?

@@ -4,7 +4,8 @@
 It exists as the composition root that joins the engine and the job (``flodl_hf``, ``flodl_hf.job``) with the task
 heads (``heads``): the only package of ``flodl_hf`` that imports ``heads``, and the only one that imports both.
 Each subcommand parses its arguments into the job's own types (``TrainSettings``, the task plug-ins, the checks of
-``flodl_hf.export``) and passes them the head classes. Importing the package imports argparse and the parser only.
+``flodl_hf.export``) and passes them the head classes. Importing the package loads the parser and the command modules, never torch or transformers (they load when a
+command runs).
 
 * ``entry``: :func:`main` and the exit codes (0 done, 1 diverged / verify failed, 2 a user's error in one line,
   130 interrupted).

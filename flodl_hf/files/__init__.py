@@ -4,3 +4,5 @@ rules that keep flodl-hf from writing, moving or deleting a file it did not crea
 They sit in one package because every writer (checkpoints, the train job's output directory, exports, the CLI's
 ``--json`` files) follows the same three rules. Nothing is imported here.
 """
+
+__all__: list[str] = []

@@ -92,7 +92,7 @@ def test_eval_and_predict_refuse_a_task_that_does_not_match_the_checkpoint(token
 
 
 def test_export_and_verify_check_another_task_s_model(token_model, tmp_path, capsys):
-    """A token-classification checkpoint saved by transformers is verified as one (tests/cli/test_verify_tasks.py has
+    """A token-classification checkpoint saved by transformers is verified as one (tests/export/test_verify_tasks.py has
     the rest): its tokenizer states no model_max_length, the one finding; export takes it from metrics.json."""
     import shutil
 

@@ -28,7 +28,7 @@ TOPS = ("flodl_hf", "heads", "model_cards")
 #: Layers, lowest first; a module's layer is that of the longest prefix listed. A module may import its own layer
 #: and the layers below it, never above.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundations", ("flodl_hf", "flodl_hf.config", "flodl_hf.defaults", "flodl_hf.quiet", "flodl_hf.diagnostics",
+    ("foundations", ("flodl_hf.config", "flodl_hf.defaults", "flodl_hf.quiet", "flodl_hf.diagnostics",
                      "flodl_hf.preflight", "flodl_hf.files", "flodl_hf.elche", "flodl_hf.checkpoint",
                      "flodl_hf.data", "flodl_hf.metrics", "model_cards")),
     ("engine", ("flodl_hf.distributed", "flodl_hf.checkpoint.graph_state", "flodl_hf.graph", "flodl_hf.replica",
@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("products", ("flodl_hf.export",)),
     ("heads", ("heads",)),
     ("jobs", ("flodl_hf.job", "flodl_hf.bench")),
-    ("cli", ("flodl_hf.cli", "flodl_hf.__main__")),
+    ("cli", ("flodl_hf.cli", "flodl_hf.__main__", "flodl_hf")),  # ``flodl_hf`` itself: the lazy public facade
 ]
 #: El Che's scheduler core: pure Python (the torch-side ``partition`` and ``memory_probe`` sit beside it).
 ELCHE_CORE = ("flodl_hf.elche", "flodl_hf.elche.scheduler", "flodl_hf.elche.split", "flodl_hf.elche.goodput",
@@ -52,15 +52,33 @@ def _module_name(path: Path) -> str:
 def _type_checking_nodes(tree: ast.AST) -> set[int]:
     hidden: set[int] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
             hidden.update(id(n) for stmt in node.body for n in ast.walk(stmt))
     return hidden
 
 
-def imported(source: str, name: str, is_package: bool, modules: Iterable[str] = ()) -> set[str]:
+def _lazy_exports() -> dict[str, str]:
+    """``flodl_hf``'s lazily resolved public names -> the module each comes from (``_EXPORTS``, read with ast)."""
+    tree = ast.parse((ROOT / "flodl_hf" / "__init__.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["_EXPORTS"]:
+            return ast.literal_eval(node.value)
+    raise AssertionError("flodl_hf/__init__.py has no _EXPORTS table: the layering test cannot follow its names")
+
+
+#: Modules that import by a computed name (a user's module, a plug-in chosen at run time): each call is named here.
+DYNAMIC_IMPORTERS = {"flodl_hf", "flodl_hf.cli.convert", "flodl_hf.bench.harness"}
+
+
+def imported(source: str, name: str, is_package: bool, modules: Iterable[str] = (),
+             exports: Optional[dict[str, str]] = None) -> set[str]:
     """Every module an import statement of ``source`` (module ``name``) names, relative imports resolved.
-    ``from X import y`` counts as ``X.y`` when that is one of ``modules``, else as ``X`` (``y`` is a name in it)."""
+    ``from X import y`` counts as ``X.y`` when that is one of ``modules``, as the module ``y`` comes from when ``X``
+    is ``flodl_hf`` and ``y`` one of its lazy ``exports``, else as ``X`` (``y`` is a name in it). A call of
+    ``importlib.import_module`` / ``__import__`` with a literal name counts as importing it; with a computed name
+    it is refused outside ``DYNAMIC_IMPORTERS``."""
     modules = set(modules)
+    exports = _lazy_exports() if exports is None else exports
     package = name if is_package else name.rpartition(".")[0]
     tree = ast.parse(source)
     hidden = _type_checking_nodes(tree)
@@ -73,12 +91,31 @@ def imported(source: str, name: str, is_package: bool, modules: Iterable[str] = 
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 parts = package.split(".")
+                if node.level > len(parts):
+                    raise AssertionError(f"{name}: a relative import reaches above the top package: "
+                                         f"{ast.unparse(node)}")
                 base = parts[:len(parts) - node.level + 1]
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
             for alias in node.names:
-                found.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in modules else module)
+                if f"{module}.{alias.name}" in modules:
+                    found.add(f"{module}.{alias.name}")
+                elif module == "flodl_hf" and alias.name in exports:
+                    found.add(exports[alias.name])
+                elif not (module == "flodl_hf" and alias.name == "__version__"):  # a constant of the package
+                    found.add(module)
+        elif isinstance(node, ast.Call):
+            callee = ast.unparse(node.func)
+            if callee in ("importlib.import_module", "import_module", "__import__") and node.args:
+                target = node.args[0]
+                if isinstance(target, ast.Constant) and isinstance(target.value, str):
+                    found.add(target.value)
+                elif name not in DYNAMIC_IMPORTERS:
+                    raise AssertionError(f"{name} imports a computed module name ({ast.unparse(node)}): import "
+                                         "it by name, or add the module to DYNAMIC_IMPORTERS saying why")
+    if name == "flodl_hf":
+        found.update(exports.values())  # the package resolves its public names from these modules on demand
     return found
 
 
@@ -96,10 +133,11 @@ def import_graph(sources: Optional[dict[str, tuple[Path, str]]] = None) -> dict[
     everything else it imports. A package is always imported before its own modules, so a module's edge to a
     package that contains it is not counted (``from . import launch`` depends on ``launch``, not on its package)."""
     sources = _sources() if sources is None else sources
+    exports = _lazy_exports()
     graph: dict[str, set[str]] = {}
     for name, (path, source) in sources.items():
         edges: set[str] = set()
-        for module in imported(source, name, path.name == "__init__.py", sources):
+        for module in imported(source, name, path.name == "__init__.py", sources, exports):
             if module.partition(".")[0] not in TOPS:
                 edges.add("<external>:" + module)
             elif module != name and not name.startswith(module + "."):
@@ -304,3 +342,29 @@ def test_a_second_composition_root_is_found():
                                flodl_hf__export__y="def f():\n    import flodl_hf.cli\n",
                                flodl_hf__cli__z="from heads import Auto\nfrom ..job import run\n"))
     assert composition_roots(graph) == ["flodl_hf.bench.x imports heads", "flodl_hf.export.y imports the CLI"]
+
+
+def test_imports_through_the_package_facade_importlib_and_not_type_checking_are_seen():
+    graph = import_graph(_fake(flodl_hf__data__x="def f():\n    from .. import Trainer\n",
+                               flodl_hf__elche__scheduler="from flodl_hf import Trainer\n",
+                               flodl_hf__export__y="import importlib\nm = importlib.import_module('flodl_hf.job.run')\n",
+                               flodl_hf__files__z="from typing import TYPE_CHECKING\nif not TYPE_CHECKING:\n"
+                                                  "    from ..graph import Graph\n",
+                               flodl_hf__trainer="import torch\n", flodl_hf__graph="x = 1\n",
+                               flodl_hf__job__run="x = 1\n", flodl_hf__checkpoint__v="from .. import __version__\n"))
+    assert upward_imports(graph) == [
+        "flodl_hf.data.x (foundations) imports flodl_hf.trainer (engine)",
+        "flodl_hf.elche.scheduler (foundations) imports flodl_hf.trainer (engine)",
+        "flodl_hf.export.y (products) imports flodl_hf.job.run (jobs)",
+        "flodl_hf.files.z (foundations) imports flodl_hf.graph (engine)"]
+    assert impure_elche(graph) == ["<external>:torch", "flodl_hf.trainer"]
+    assert graph["flodl_hf.checkpoint.v"] == set()  # the package's version constant is no dependency
+
+
+def test_a_computed_import_or_a_relative_import_past_the_top_is_refused():
+    import pytest
+
+    with pytest.raises(AssertionError, match="computed module name"):
+        imported("import importlib\nimportlib.import_module(name)\n", "flodl_hf.data.x", False)
+    with pytest.raises(AssertionError, match="above the top package"):
+        imported("from ... import job\n", "flodl_hf.x", False)

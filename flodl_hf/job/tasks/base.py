@@ -36,7 +36,7 @@ def scalar_scores(summary: dict) -> dict:
 
 class Task:
     """A task of the job. Subclasses set the class attributes and implement the data, scoring and report hooks;
-    the job calls them in this order: settings checks, :meth:`sources`, :meth:`load`, :meth:`check_data`, the
+    the job calls them in this order: settings checks, :meth:`columns`, :meth:`load`, :meth:`check_data`, the
     shared split, :meth:`check_split`, :meth:`head_kwargs`, :meth:`check_head`, :meth:`lengths`,
     :meth:`describe`, :meth:`score` (periodic, final and, with ``scores_before_training``, before training),
     :meth:`build_metrics`, :meth:`write_card`, :meth:`result_note`."""
