@@ -47,7 +47,7 @@ from ..config import DdpConfig
 from ..elche.scheduler import ElChe
 from .clock import ComputeClock
 from .collectives import broadcast_tensors
-from .context import OPEN_RUNTIMES, DistContext, close_open_runtimes, missing_ranks, side_group
+from .context import OPEN_RUNTIMES, DistContext, missing_ranks, side_group
 from .errors import DistributedError
 from .window_grads import WindowGrads, micro_batch_weight
 from .window_meta import (_AHEAD, _BATCH, _COMPUTE, _DENOM, _FAILED, _FINISHED, _FLAG, _FRONTIER, _GRADSQ, _INDEX,
@@ -56,9 +56,9 @@ from .grad_guard import GradGuard
 from .loss_items import Declarations
 from .window_overlap import Arming, OverlapHooks
 
-__all__ = ["WindowRuntime", "close_all", "mark_failed"]
+__all__ = ["WindowRuntime", "mark_failed"]
 
-_OPEN = OPEN_RUNTIMES  # the context's registry of live runtimes (it closes them at shutdown)
+_OPEN = OPEN_RUNTIMES  # the context's registry of live runtimes, in creation order (shutdown closes them)
 _PROCESS_FAILED = False
 
 
@@ -79,11 +79,6 @@ def _install_excepthook() -> None:
 
     hook._flodl_hf = True  # type: ignore[attr-defined]
     sys.excepthook = hook
-
-
-def close_all() -> None:
-    """Close every live window runtime of this process, in creation order (the same on every rank)."""
-    close_open_runtimes()
 
 
 class WindowRuntime:
