@@ -47,8 +47,12 @@ def adamw(params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float =
     the rest (:func:`no_decay_names` of ``module``, the module ``params`` belong to) with 0. Without ``module``
     every parameter is in the first group."""
     params = list(params)
-    exempt = ({id(p) for name, p in module.named_parameters() if name in no_decay_names(module)}
-              if module is not None else set())
+    exempt: set[int] = set()
+    if module is not None:
+        if {id(p) for p in params} != {id(p) for p in module.parameters()}:
+            raise ValueError("adamw(params, module=...): the parameters are not the module's; pass the module they "
+                             "belong to (its names decide which get weight decay)")
+        exempt = {id(p) for name, p in module.named_parameters() if name in no_decay_names(module)}
     groups = [{"params": [p for p in params if id(p) not in exempt], "weight_decay": float(weight_decay)},
               {"params": [p for p in params if id(p) in exempt], "weight_decay": 0.0}]
     groups = [group for group in groups if group["params"]] or [{"params": params}]

@@ -153,6 +153,26 @@ def _resume_cell(record: dict) -> str:
     return f"{record['step']} (checkpoint{devices})"
 
 
+def _optimizer_cell(settings: dict) -> str:
+    """``AdamW, lr 5e-05, weight decay 0.01 (not on biases and norm weights)``."""
+    cell = f"AdamW, lr {settings['lr']:g}"
+    if "weight_decay" not in settings:  # metrics of a run before --weight-decay: torch's 0.01 on every parameter
+        return cell
+    decay = float(settings["weight_decay"] or 0.0)
+    return cell + (f", weight decay {decay:g} (not on biases and norm weights)" if decay else ", no weight decay")
+
+
+def _schedule_cell(settings: dict) -> str:
+    """``linear, warmup 30 steps`` / ``cosine, warmup ratio 0.1`` / ``linear, no warmup``."""
+    name, ratio, steps = settings.get("lr_scheduler_type"), settings.get("warmup_ratio"), settings.get("warmup_steps")
+    if name is None:  # metrics of a run before --lr-scheduler-type
+        return "constant" if ratio is None else f"linear, warmup ratio {ratio:g}"
+    warmup = (f"warmup {steps} steps" if steps else f"warmup ratio {ratio:g}" if ratio else "no warmup")
+    kwargs = settings.get("lr_scheduler_kwargs")
+    keywords = " (" + ", ".join(f"{k} {v}" for k, v in kwargs.items()) + ")" if kwargs else ""
+    return f"{name}{keywords}" + ("" if name == "constant" else f", {warmup}")
+
+
 def training_table(metrics: dict) -> dict:
     """The model card's training setup, in display order (everything read from ``metrics``)."""
     settings = metrics["settings"]
@@ -184,9 +204,10 @@ def training_table(metrics: dict) -> dict:
         "precision": settings["precision"],
         "epochs": settings["epochs"],
         "batch size (per rank)": settings["batch_size"],
-        "optimizer": f"AdamW, lr {settings['lr']:g}",
-        "LR schedule": ("constant" if settings.get("warmup_ratio") is None
-                        else f"linear, warmup ratio {settings['warmup_ratio']:g}"),
+        "optimizer": _optimizer_cell(settings),
+        "LR schedule": _schedule_cell(settings),
+        "gradient clipping": (f"max norm {settings['max_grad_norm']:g}" if settings.get("max_grad_norm")
+                              else "none"),
         "max length (tokens)": settings["max_length"],
         "training rows": metrics["train_size"],
         "steps": (f"{metrics['steps_run']} of {metrics['steps']}"

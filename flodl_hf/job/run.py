@@ -195,7 +195,8 @@ def _run(settings: TrainSettings, task: Task, head_cls: Any, sources: Sources, s
         return built[-1]
 
     # Trainer's groups: weight decay on all but biases and normalisation weights (named by the replica's module)
-    Trainer.setup_head_with(head, replica, lambda params: adamw(params, lr, weight_decay, module=built[-1]),
+    Trainer.setup_head_with(head, replica,
+                            lambda params: adamw(params, lr, weight_decay, module=built[-1].graph().module),
                             settings.ddp_config())
     graph = head.graph()
     main = graph.is_main

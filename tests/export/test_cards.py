@@ -138,6 +138,27 @@ def test_training_setup_of_a_resumed_multi_rank_run_round_trips(tmp_path):
     assert list(table)[:3] == ["devices", "world size", "policy"]
 
 
+def test_training_table_names_the_optimizer_schedule_and_clipping():
+    from flodl_hf.job.outputs import training_table
+
+    base = _run_metrics()["settings"]
+    for settings, rows in (
+        (dict(base, lr_scheduler_type="linear", warmup_ratio=None, warmup_steps=None, weight_decay=0.0,
+              max_grad_norm=1.0),
+         ("| optimizer | AdamW, lr 5e-05, no weight decay |", "| LR schedule | linear, no warmup |",
+          "| gradient clipping | max norm 1 |")),
+        (dict(base, lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.1},
+              warmup_ratio=None, warmup_steps=30, weight_decay=0.01, max_grad_norm=None),
+         ("| optimizer | AdamW, lr 5e-05, weight decay 0.01 (not on biases and norm weights) |",
+          "| LR schedule | cosine_with_min_lr (min_lr_rate 0.1), warmup 30 steps |", "| gradient clipping | none |")),
+        (dict(base, lr_scheduler_type="cosine", warmup_ratio=0.1, weight_decay=0.0, max_grad_norm=0.5),
+         ("| LR schedule | cosine, warmup ratio 0.1 |", "| gradient clipping | max norm 0.5 |")),
+    ):
+        text = "\n".join(f"| {k} | {v} |" for k, v in training_table(_run_metrics(settings=settings)).items())
+        for row in rows:
+            assert row in text, (row, text)
+
+
 def test_training_setup_shows_the_goodput_anchor_over_time_and_the_noise_estimate(tmp_path):
     from flodl_hf.job.outputs import anchor_changes, training_table
 

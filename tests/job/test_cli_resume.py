@@ -251,15 +251,23 @@ def test_keep_checkpoint_and_a_changed_plan_is_refused(work, tmp_path, capsys):
 def test_check_plan_names_the_setting_that_changed():
     plan = {"model": "/m", "data": "/d", "text_column": "text", "label_column": "label", "labels": ["a", "b"],
             "seed": 0, "train_rows": 100, "eval_rows": None, "max_length": 64, "batch_size": 16, "world_size": 2,
-            "epochs": 1, "warmup_ratio": None, "precision": "fp32", "lr": 5e-5}
+            "epochs": 1, "warmup_ratio": None, "precision": "fp32", "lr": 5e-5, "lr_scheduler_type": "linear",
+            "weight_decay": 0.0, "max_grad_norm": 1.0}
     check_plan(plan, dict(plan, lr=1e-5, world_size=None), "ckpt")  # the LR may change; world size unknown yet
     check_plan(plan, dict(plan, world_size=3), "ckpt")  # so may the device count (elastic resume)
     for key, value, expected in (("batch_size", 8, "--batch-size 16 but this run has 8"),
                                  ("labels", ["a", "c"], "--labels a,b but this run has a,c"),
                                  ("model", "/other", "--model /m but this run has /other"),
-                                 ("group_by_length", True, "--group-by-length False but this run has True")):
+                                 ("group_by_length", True, "--group-by-length False but this run has True"),
+                                 ("lr_scheduler_type", "cosine", "--lr-scheduler-type linear but this run has cosine"),
+                                 ("weight_decay", 0.01, "--weight-decay 0.0 but this run has 0.01"),
+                                 ("max_grad_norm", None, "--max-grad-norm 1.0 but this run has 0")):
         with pytest.raises(ResumeError, match=expected.replace("(", r"\(").replace(")", r"\)")):
             check_plan(plan, dict(plan, **{key: value}), "ckpt")
+    before = {k: v for k, v in plan.items() if k not in ("lr_scheduler_type", "weight_decay", "max_grad_norm")}
+    with pytest.raises(ResumeError, match="written by an earlier flodl-hf, whose LR schedule, weight decay and "
+                                          "clipping were not Trainer's"):
+        check_plan(before, plan, "ckpt")  # a checkpoint of the constant-LR, weight-decay-everywhere version
 
 
 def test_resume_command_replaces_an_old_resume_and_quotes():

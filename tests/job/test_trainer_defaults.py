@@ -92,6 +92,8 @@ def test_optimizer_groups_are_trainers(tmp_path, weight_decay):
     assert type(ours) is type(reference) and ours.defaults["fused"] and reference.defaults.get("fused")
     for key in ("lr", "betas", "eps"):
         assert ours.defaults[key] == reference.defaults[key]
+    with pytest.raises(ValueError, match="the parameters are not the module's"):
+        adamw(tiny_model("bert").parameters(), 5e-5, weight_decay, module=model)
 
 
 def test_settings_defaults_are_training_arguments_defaults(tmp_path):
