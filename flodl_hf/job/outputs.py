@@ -20,7 +20,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-__all__ = ["ScalarBoard", "require_tensorboard", "el_che_info", "el_che_scalars", "anchor_changes", "training_table",
+__all__ = ["ScalarBoard", "require_tensorboard", "el_che_info", "el_che_scalars", "step_scalars", "anchor_changes",
+           "training_table",
            "write_outputs", "policy_name", "run_metrics", "settings_dict", "version"]
 
 
@@ -81,13 +82,26 @@ def el_che_info(graph: Any) -> Optional[dict]:
 
 
 def el_che_scalars(graph: Any) -> dict[str, float]:
-    """TensorBoard scalars of El Che after an optimizer step: anchor, noise scale, efficiency (those known)."""
+    """TensorBoard scalars of El Che after an optimizer step: anchor, noise scale, efficiency, each rank's share of
+    the global batch (``el_che/share/rank<r>``) and the last window's synchronisation share of its time
+    (``el_che/sync_share``: sync / (compute + sync)), those known."""
     el_che = graph.el_che() if hasattr(graph, "el_che") else None
     if el_che is None:
         return {}
     values = {"el_che/anchor": el_che.anchor, "el_che/noise_scale": el_che.noise_scale,
               "el_che/efficiency": el_che.efficiency}
+    values.update({f"el_che/share/rank{r}": share for r, share in enumerate(el_che.shares)})
+    overhead = el_che.history[-1].get("overhead") if el_che.history else None
+    if overhead is not None:
+        values["el_che/sync_share"] = overhead / (1.0 + overhead)
     return {k: float(v) for k, v in values.items() if v is not None}
+
+
+def step_scalars(graph: Any) -> dict[str, float]:
+    """TensorBoard scalars after an optimizer step: the gradient norm before clipping (``train/grad_norm``, with
+    clipping on) and El Che's (:func:`el_che_scalars`)."""
+    norm = getattr(graph, "grad_norm", None)
+    return {**({"train/grad_norm": norm} if norm is not None else {}), **el_che_scalars(graph)}
 
 
 def policy_name(world_size: int) -> str:

@@ -1,11 +1,15 @@
 """``flodl-hf train``'s Trainer-like options and defaults, through the command line: every row of a user's data,
 the packaged corpus's announced fast size, one-line refusals of bad values before anything loads, and the options
-recorded in metrics.json, the card and the checkpoint's plan (a resume with another value is refused)."""
+recorded in metrics.json, the card and the checkpoint's plan (a resume with another value is refused), and the
+scalars that show the scheduler at work in TensorBoard."""
 
 from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,3 +111,30 @@ def test_the_options_are_recorded_and_a_resume_must_match_them(tmp_path, capsys)
     code = cli.main([*again, "--resume", str(ckpt), "--output-dir", str(tmp_path / "again")])
     line = error_line(capsys.readouterr().err)
     assert code == 2 and "it was written with --max-grad-norm 0.5 but this run has 1.0" in line, line
+
+
+@pytest.mark.slow
+def test_two_ranks_report_the_schedule_the_gradient_norm_and_el_ches_shares_to_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = make_checkpoint("bert", tmp_path / "tiny", with_classifier=False)
+    write_toy_csv(tmp_path / "toy.csv", 120)
+    out = tmp_path / "out"
+    argv = ["train", "--model", str(model), "--data", str(tmp_path / "toy.csv"), "--text-column", "review",
+            "--label-column", "sentiment", "--eval-rows", "20", "--batch-size", "5", "--max-length", "16",
+            "--lr", "2e-3", "--no-progress", "--output-dir", str(out), "--devices", "cpu,cpu", "--report-to",
+            "tensorboard", "--warmup-ratio", "0.2"]
+    result = subprocess.run([sys.executable, "-m", "flodl_hf", *argv], capture_output=True, text=True, timeout=240,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    events = EventAccumulator(str(out / "runs"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/learning_rate", "train/grad_norm", "el_che/anchor", "el_che/share/rank0",
+            "el_che/share/rank1", "el_che/sync_share"} <= tags, tags
+    lrs = [e.value for e in events.Scalars("train/learning_rate")]
+    assert lrs[0] == 0.0 and max(lrs) == pytest.approx(2e-3, rel=0.2) and lrs[-1] < lrs[len(lrs) // 2]
+    for event in events.Scalars("el_che/sync_share"):
+        assert 0.0 <= event.value < 1.0
+    shares = zip(events.Scalars("el_che/share/rank0"), events.Scalars("el_che/share/rank1"))
+    assert all(a.value + b.value == pytest.approx(1.0) for a, b in shares)

@@ -203,11 +203,17 @@ def test_tensorboard_scalars_are_written_to_runs(work, tmp_path):
     assert cli.main(small_args(work, out, "--report-to", "tensorboard", "--eval-every", "4")) == 0
     events = EventAccumulator(str(out / "runs"))
     events.Reload()
-    assert set(events.Tags()["scalars"]) == {"train/loss", "eval/accuracy", "eval/macro_f1", "eval/loss"}
+    assert set(events.Tags()["scalars"]) == {"train/loss", "train/learning_rate", "train/grad_norm", "eval/accuracy",
+                                             "eval/macro_f1", "eval/loss"}
     metrics = json.loads((out / "metrics.json").read_text())
     losses = events.Scalars("train/loss")
     assert [e.step for e in losses] == list(range(1, 11))
     assert [e.value for e in losses] == pytest.approx(metrics["train_loss"])
+    # the scheduler at work: Trainer's default linear decay from 2e-3 over the 10 steps, each batch's LR
+    assert [e.value for e in events.Scalars("train/learning_rate")] == pytest.approx([2e-3 * (10 - k) / 10
+                                                                                      for k in range(10)])
+    norms = events.Scalars("train/grad_norm")  # before clipping (max norm 1.0, the default)
+    assert [e.step for e in norms] == list(range(1, 11)) and all(e.value > 0 for e in norms)
     assert [e.step for e in events.Scalars("eval/accuracy")] == [4, 8, 10]  # two periodic, one final
     assert not (tmp_path / "out.checkpoint").exists()
 
