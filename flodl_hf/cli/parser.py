@@ -153,9 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "arrow), saved datasets directory or Hub dataset id")
     evaluate.add_argument("--split", metavar="NAME", help="split to score (default: test, else validation, else the "
                                                           "only one)")
-    evaluate.add_argument("--text-pair-column", metavar="NAME", help="column with the second text of pairs")
-    evaluate.add_argument("--text-column", default="text", help="column with the text (text)")
-    evaluate.add_argument("--label-column", default="label", help="column with the label (label)")
+    evaluate.add_argument("--text-pair-column", metavar="NAME",
+                          help="column with the second text of pairs (default: the training run's)")
+    evaluate.add_argument("--text-column", help="column with the text (default: the one the training run named, "
+                                                "recorded in the model's metrics.json, else text)")
+    evaluate.add_argument("--label-column", help="column with the label (default: the one the training run named, "
+                                                 "else label)")
     evaluate.add_argument("--encoding", help="text encoding of the data file (default: utf-8, else latin-1)")
     evaluate.add_argument("--rows", type=int_at_least(1), default=None, help="use only the first N rows")
     evaluate.add_argument("--batch-size", type=int_at_least(1), default=64, help="texts per forward pass (64)")

@@ -107,6 +107,12 @@ def test_the_options_are_recorded_and_a_resume_must_match_them(tmp_path, capsys)
                 "| LR schedule | cosine_with_restarts (num_cycles 2), warmup 2 steps |",
                 "| gradient clipping | max norm 0.5 |"):
         assert row in card, row
+    # eval reads the data with the columns the run named (review / sentiment), unless told otherwise
+    assert cli.main(["eval", "--model", str(out), "--data", str(tmp_path / "toy.csv"), "--no-progress"]) == 0
+    assert "rows=120" in capsys.readouterr().out
+    code = cli.main(["eval", "--model", str(out), "--data", str(tmp_path / "toy.csv"), "--label-column", "label",
+                     "--no-progress"])
+    assert code == 2 and "label" in error_line(capsys.readouterr().err)
     again = [a if a != "0.5" else "1.0" for a in argv if a != "--keep-checkpoint"]
     code = cli.main([*again, "--resume", str(ckpt), "--output-dir", str(tmp_path / "again")])
     line = error_line(capsys.readouterr().err)
