@@ -102,7 +102,10 @@ def test_the_options_are_recorded_and_a_resume_must_match_them(tmp_path, capsys)
     assert (settings["lr_scheduler_type"], settings["lr_scheduler_kwargs"], settings["warmup_steps"],
             settings["weight_decay"], settings["max_grad_norm"]) == ("cosine_with_restarts", {"num_cycles": 2}, 2,
                                                                      0.01, 0.5)
+    config = json.loads((out / "config.json").read_text())
+    assert config["problem_type"] == "single_label_classification"  # what Trainer's run leaves in config.json
     card = (out / "README.md").read_text()
+    assert "Held-out split of 20 rows, never seen in training." in card
     for row in ("| optimizer | AdamW, lr 0.002, weight decay 0.01 (not on biases and norm weights) |",
                 "| LR schedule | cosine_with_restarts (num_cycles 2), warmup 2 steps |",
                 "| gradient clipping | max norm 0.5 |"):
@@ -144,3 +147,17 @@ def test_two_ranks_report_the_schedule_the_gradient_norm_and_el_ches_shares_to_t
         assert 0.0 <= event.value < 1.0
     shares = zip(events.Scalars("el_che/share/rank0"), events.Scalars("el_che/share/rank1"))
     assert all(a.value + b.value == pytest.approx(1.0) for a, b in shares)
+
+
+@pytest.mark.slow
+def test_a_card_with_eval_data_does_not_claim_it_was_never_seen(tmp_path):
+    model = make_checkpoint("bert", tmp_path / "tiny", with_classifier=False)
+    write_toy_csv(tmp_path / "toy.csv", 60)
+    write_toy_csv(tmp_path / "test.csv", 20)
+    out = tmp_path / "out"
+    assert cli.main(["train", "--model", str(model), "--data", str(tmp_path / "toy.csv"), "--eval-data",
+                     str(tmp_path / "test.csv"), "--text-column", "review", "--label-column", "sentiment",
+                     "--batch-size", "10", "--max-length", "16", "--no-progress", "--output-dir", str(out)]) == 0
+    card = (out / "README.md").read_text()
+    assert "never seen in training" not in card
+    assert "20 rows of `test.csv` (`--eval-data`), given apart from the training data" in card

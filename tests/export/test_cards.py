@@ -244,3 +244,15 @@ def test_basic_card_without_scores(tmp_path):
     assert "text_pair" in card.text and "truncated to 64 tokens" in card.text
     with pytest.raises(ValueError, match="no model-index"):
         check_model_card(path)
+
+
+def test_the_evaluation_section_says_where_the_held_out_rows_come_from(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    carved = ModelCard.load(write_model_card(info(), tmp_path / "a"))
+    assert "Held-out split of 5 rows, never seen in training." in carved.text
+    assert "come from one held-out split of the same corpus" in carved.text
+    given = ModelCard.load(write_model_card(info(eval_source="`test.csv` (`--eval-data`)"), tmp_path / "b"))
+    assert "never seen in training" not in given.text
+    assert "5 rows of `test.csv` (`--eval-data`), given apart from the training data" in given.text
+    assert "The scores above come from `test.csv` (`--eval-data`); expect" in given.text
