@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 
 from ..export.tasks import TASKS, TEXT_CLASSIFICATION
-from .argtypes import (cap, fraction, int_at_least, json_object, name_list, non_negative_float, overhead, positive_float,
-                       seed, speed_hint)
+from .argtypes import (cap, fraction, int_at_least, json_object, name_list, non_negative_float, overhead,
+                       positive_float, seed, speed_hint)
 
 __all__ = ["build_parser", "UsageError", "PROG", "PROBLEM_CHOICES", "add_task_arguments"]
 

@@ -16,9 +16,10 @@ rules about the checkpoint directory, kept apart from the engine's file format (
   through which model. Resuming with any of them changed is refused with one
   :class:`~flodl_hf.checkpoint.graph_state.ResumeError` line naming the setting, both values and the fix. The learning rate
   may change on resume (e.g. lower it after a divergence); the output directory and reporting options too.
-- The device count may change (elastic resume, ``flodl_hf.checkpoint.elastic``): ``--devices`` with another number of
-  devices continues the epoch at the same sample, and the LR schedule keeps the run's sample position: its clock
-  covers what remained of it in the micro-steps that remain on the new devices (``TrainerSchedule.continue_over``). Each resume is recorded with the device
+- The device count may change (elastic resume, ``flodl_hf.checkpoint.elastic``): ``--devices`` with another number
+  of devices continues the epoch at the same sample, and the LR schedule keeps the run's sample position: its
+  clock covers what remained of it in the micro-steps that remain on the new devices
+  (``TrainerSchedule.continue_over``). Each resume is recorded with the device
   counts before and after (``metrics.json`` ``resumed``, the model card's "resumed" row).
 - After a successful run the job removes what it wrote there (the checkpoint files, ``runs/``, the directory when
   it created it and it is left empty), unless ``--keep-checkpoint``. It deletes or replaces only what the
@@ -132,9 +133,9 @@ def _shown(value: Any) -> str:
 def check_plan(saved: dict, current: dict, directory: Any) -> None:
     """Raise ResumeError naming the first plan setting that differs (None in ``current`` means unknown yet)."""
     if "lr_scheduler_type" not in saved:
-        raise ResumeError(f"cannot resume from {directory}: it was written by an earlier flodl-hf, whose LR schedule, "
-                          "weight decay and clipping were not Trainer's; finish it with that version, or start "
-                          "afresh without --resume")
+        raise ResumeError(f"cannot resume from {directory}: it was written by an earlier flodl-hf, whose LR "
+                          "schedule, weight decay and clipping were not Trainer's; finish it with that version, or "
+                          "start afresh without --resume")
     for key, flag in PLAN_FLAGS.items():  # the device count is not one of them: it may change (elastic resume)
         was, now = saved.get(key), current.get(key)
         if key == "group_by_length":  # absent: written before length grouping existed (plain shuffled batches)

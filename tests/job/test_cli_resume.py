@@ -265,7 +265,8 @@ def test_check_plan_names_the_setting_that_changed():
                                  ("labels", ["a", "c"], "--labels a,b but this run has a,c"),
                                  ("model", "/other", "--model /m but this run has /other"),
                                  ("group_by_length", True, "--group-by-length False but this run has True"),
-                                 ("lr_scheduler_type", "cosine", "--lr-scheduler-type linear but this run has cosine"),
+                                 ("lr_scheduler_type", "cosine", "--lr-scheduler-type linear but this run has "
+                                                                 "cosine"),
                                  ("weight_decay", 0.01, "--weight-decay 0.0 but this run has 0.01"),
                                  ("max_grad_norm", None, "--max-grad-norm 1.0 but this run has 0")):
         with pytest.raises(ResumeError, match=expected.replace("(", r"\(").replace(")", r"\)")):
