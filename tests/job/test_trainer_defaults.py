@@ -97,13 +97,15 @@ def test_optimizer_groups_are_trainers(tmp_path, weight_decay):
 
 
 def test_settings_defaults_are_training_arguments_defaults(tmp_path):
-    args, ours = _hf_args(tmp_path), TrainSettings()
+    args, ours = _hf_args(tmp_path), TrainSettings(data="x.csv")
     assert ours.lr == args.learning_rate and ours.weight_decay == args.weight_decay
     assert ours.max_grad_norm == args.max_grad_norm and ours.lr_scheduler_type == args.lr_scheduler_type
     assert warmup_steps_for(100, ours.warmup_steps, ours.warmup_ratio) == args.get_warmup_steps(100) == 0
     assert ours.ddp_config().max_grad_norm == 1.0
     assert TrainSettings(max_grad_norm=0).ddp_config().max_grad_norm is None
     assert TrainSettings().train_rows_cap == 4000 and TrainSettings(data="x.csv").train_rows_cap is None
+    assert TrainSettings().lr == 2e-4 and TrainSettings(lr=5e-5).lr == 5e-5  # the packaged job's own peak
+    assert TrainSettings(task="token-classification").lr == 5e-5
 
 
 # --- the schedule -----------------------------------------------------------------------------------------------
