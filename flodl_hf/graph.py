@@ -78,6 +78,7 @@ class Graph:
         self._resume: Optional[EpochPosition] = None  # where a loaded checkpoint continues
         self._resume_steps: Optional[tuple[int, int]] = None  # (epoch, steps) loaded before the data loader was set
         self._scaler: Any = None  # torch.amp.GradScaler for fp16 on CUDA
+        self._grad_norm: Any = None  # clip_grad_norm_'s total norm at the last optimizer step
         self._scaled_backward = False  # graph.backward ran since the last step (checked under fp16 loss scaling)
         # Drawn but not yet stepped plan steps, oldest first:
         # (epoch, step k, real samples, window end, the epoch's position once it is stepped).
@@ -122,6 +123,13 @@ class Graph:
     def is_main(self) -> bool:
         """True on rank 0: the rank that logs, shows progress bars and writes files."""
         return self.rank == 0
+
+    @property
+    def grad_norm(self) -> Optional[float]:
+        """The total norm of the (on N ranks: reduced) gradient before clipping, at the last optimizer step; None
+        without ``DdpConfig.max_grad_norm`` (the norm is what clipping computes anyway)."""
+        norm = self._runtime.grad_norm if self._runtime is not None else self._grad_norm
+        return None if norm is None else float(norm)
 
     def el_che(self) -> Any:
         """The El Che scheduler of this rank (None on one device)."""
@@ -200,7 +208,7 @@ class Graph:
         if self.config.max_grad_norm is not None:
             if self._scaler is not None:
                 self._scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.max_grad_norm)
+            self._grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.max_grad_norm)
         self.apply_optimizer_step(optimizer)
         self._agreed_flags, self._raised_flags = self._raised_flags, 0
         self.training_step += 1

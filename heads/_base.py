@@ -110,7 +110,12 @@ class SequenceClassificationHead(TaskHead):
             device=self._graph.device,
         )
 
-    def _label_value(self, label: Any, index: int) -> Any:
+    def _label_value(self, label: Any, index: int, names: Optional[Sequence[str]] = None) -> Any:
+        if names is not None and isinstance(label, int) and not isinstance(label, bool):
+            if not 0 <= label < len(names):
+                raise ValueError(f"label {label} at index {index} is not an id of the {len(names)} label names given "
+                                 f"to collator ({list(names)[:10]}): give ids from 0 to {len(names) - 1}")
+            label = names[label]
         if isinstance(label, str):
             label2id = self.config().label2id or {}
             if label not in label2id:
@@ -126,12 +131,39 @@ class SequenceClassificationHead(TaskHead):
 
         Items are ``(text, label)`` pairs, ``(text, text_pair, label)`` triples, dicts with ``text`` (+
         ``text_pair``) and ``label`` (or ``labels``), or bare strings; a batch is all single texts or all pairs.
+        Pre-tokenised rows (dicts with ``input_ids``, from ``dataset.map(tokenizer)``) are padded as they are, their
+        other columns left out (as Trainer's collator does). Integer labels are this head's ids (:meth:`collator`
+        matches a ``ClassLabel``'s ids by name).
         Labels: ints or label names -> LongTensor; floats -> FloatTensor; lists of floats -> FloatTensor
         ``[B, C]``; all None (or bare strings) -> ``None``, for prediction. Both tensors are on the graph's device.
         """
-        texts, pairs, raw = _inputs.split_items(items)
-        labels = [self._label_value(label, i) for i, label in enumerate(raw)]
-        enc = self.encode(texts, pairs)
+        return self._collate(items, None)
+
+    def collator(self, label_names: Sequence[str]) -> Any:
+        """A collate function like :meth:`collate` for items whose integer labels are ids into ``label_names``, e.g.
+        a ``ClassLabel``'s ``dataset.features["label"].names``: each id is turned into its name and matched to this
+        head's labels by name, so a dataset listing its classes in another order (or only some) trains correctly.
+        :meth:`collate` itself takes integer labels as this head's own ids."""
+        if isinstance(label_names, (str, bytes)) or not all(isinstance(n, str) for n in label_names):
+            raise ValueError(f"label_names={label_names!r:.80} is invalid: pass the label names in id order, e.g. "
+                             "dataset.features['label'].names")
+        names = list(label_names)
+        return lambda items: self._collate(items, names)
+
+    def _collate(self, items: Sequence[Any], names: Optional[list[str]]) -> tuple[Encoding, Optional[torch.Tensor]]:
+        tokenized = _inputs.tokenized_items(items)
+        if tokenized is not None:
+            rows, raw = tokenized
+            self._require_tokenizer()
+            enc = _encode.pad(self.tokenizer, rows, limit=self.max_length,
+                              pad_to_multiple_of=self._pad_multiple(self.max_length), input_names=self.input_names,
+                              device=self._graph.device)
+        else:
+            texts, pairs, raw = _inputs.split_items(items)
+            enc = None
+        labels = [self._label_value(label, i, names) for i, label in enumerate(raw)]
+        if enc is None:
+            enc = self.encode(texts, pairs)
         tensor = _losses.labels_to_tensor(labels)
         return enc, None if tensor is None else tensor.to(self._graph.device)
 

@@ -14,7 +14,7 @@ import torch
 
 from . import _losses
 
-__all__ = ["tokenize", "rank", "PAIR_TRUNCATION"]
+__all__ = ["tokenize", "pad", "rank", "PAIR_TRUNCATION"]
 
 PAIR_TRUNCATION = "longest_first"
 """How a pair is cut to ``max_length``: one token at a time from the longer text (transformers' ``truncation=True``)."""
@@ -42,6 +42,21 @@ def tokenize(
         return_tensors="pt",
         return_token_type_ids="token_type_ids" in input_names,
     )
+    return {name: batch[name].to(device) for name in input_names if name in batch}
+
+
+def pad(tokenizer: Any, rows: list[dict], *, limit: int, pad_to_multiple_of: Optional[int],
+        input_names: Sequence[str], device: Any) -> dict[str, torch.Tensor]:
+    """Pre-tokenised rows (``input_ids`` and the like, from ``dataset.map(tokenizer)``) padded to the longest with
+    ``tokenizer.pad``, as transformers' ``DataCollatorWithPadding``; a row longer than ``limit`` (the head's
+    ``max_length``) is refused: the tokenizer that made it decides truncation, not the collate."""
+    for i, row in enumerate(rows):
+        if len(row["input_ids"]) > limit:
+            raise ValueError(f"pre-tokenised item at index {i} has {len(row['input_ids'])} tokens, more than this "
+                             f"head's max_length {limit}: tokenise with truncation=True, max_length={limit} (or load "
+                             "the head with a larger max_length)")
+    batch = tokenizer.pad([{k: v for k, v in row.items() if k in input_names} for row in rows], padding="longest",
+                          pad_to_multiple_of=pad_to_multiple_of, return_tensors="pt")
     return {name: batch[name].to(device) for name in input_names if name in batch}
 
 

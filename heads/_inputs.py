@@ -9,7 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Optional, Sequence
 
-__all__ = ["check_texts", "check_pairs", "split_items", "apply_labels", "check_max_length", "pad_multiple"]
+__all__ = ["check_texts", "check_pairs", "split_items", "tokenized_items", "apply_labels", "check_max_length",
+           "pad_multiple", "TOKEN_KEYS"]
+
+#: The keys of a pre-tokenised row (``dataset.map(tokenizer)``) the model takes.
+TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def check_texts(texts: Any, what: str) -> list[str]:
@@ -141,6 +145,24 @@ def split_items(items: Sequence[Any]) -> tuple[list[str], Optional[list[str]], l
         pairs.append(pair)
         labels.append(label)
     return texts, (pairs if first_has_pair else None), labels
+
+
+def tokenized_items(items: Sequence[Any]) -> Optional[tuple[list[dict], list[Any]]]:
+    """``(token rows, raw labels)`` when the items are pre-tokenised rows (dicts with ``input_ids``, as
+    ``dataset.map(tokenizer)`` leaves them; other columns such as ``text`` are left out, as transformers' Trainer
+    leaves them out); None when no item is. A batch mixing them with other items is refused."""
+    tokenized = [isinstance(item, Mapping) and "input_ids" in item for item in items]
+    if not any(tokenized):
+        return None
+    if not all(tokenized):
+        i = tokenized.index(False)
+        raise ValueError(f"item at index {i} has no 'input_ids' but item {tokenized.index(True)} has: a batch is all "
+                         "pre-tokenised rows (dataset.map(tokenizer)) or all texts; give every item the same form")
+    rows, labels = [], []
+    for item in items:
+        rows.append({key: item[key] for key in TOKEN_KEYS if key in item})
+        labels.append(item["label"] if "label" in item else item.get("labels"))
+    return rows, labels
 
 
 def pad_multiple(device: Any, limit: int, positions: Optional[int]) -> Optional[int]:

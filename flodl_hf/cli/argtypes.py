@@ -10,7 +10,8 @@ import argparse
 import math
 from typing import Any
 
-__all__ = ["cap", "int_at_least", "positive_float", "fraction", "speed_hint", "overhead", "seed", "name_list"]
+__all__ = ["cap", "int_at_least", "positive_float", "fraction", "speed_hint", "overhead", "seed", "name_list",
+           "non_negative_float", "json_object"]
 
 
 def cap(text: str) -> Any:
@@ -102,3 +103,27 @@ def name_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of names, e.g. neg,neu,pos")
     return names
 
+
+def non_negative_float(example: str) -> Any:
+    """``--weight-decay``, ``--max-grad-norm``: a finite number >= 0 (``example`` is named in the error)."""
+    def parse(text: str) -> float:
+        value = _number(text)
+        if not (math.isfinite(value) and value >= 0):
+            raise argparse.ArgumentTypeError(f"{text} must be a finite number >= 0, e.g. {example}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def json_object(text: str) -> dict:
+    """``--lr-scheduler-kwargs``: a JSON object, e.g. ``{"num_cycles": 2}``."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object: write e.g. '{{\"num_cycles\": 2}}'")
+    return value

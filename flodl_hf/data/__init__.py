@@ -214,13 +214,14 @@ def _check_labels_arg(labels: Optional[Sequence[str]]) -> Optional[list[str]]:
     return labels
 
 
-def load_text_classification(path: Union[str, Path], *, text_column: str = "text", label_column: str = "label",
+def load_text_classification(path: Union[str, Path, Any], *, text_column: str = "text", label_column: str = "label",
                              labels: Optional[Sequence[str]] = None, encoding: Optional[str] = None,
                              limit: Optional[int] = None, split: Optional[str] = None,
                              label_fix: str = _LABEL_FIX, text_pair_column: Optional[str] = None,
                              problem_type: str = "single_label", prefer_splits: Sequence[str] = ("train",),
                              split_option: str = "--split", known: str = "the known labels") -> TextDataset:
-    """Load labelled rows from a file, a saved ``datasets`` directory or a Hub dataset id (``datasources``).
+    """Load labelled rows from a file, a saved ``datasets`` directory, a Hub dataset id or an in-memory
+    ``datasets.Dataset`` / ``DatasetDict`` (``flodl_hf.data.sources``).
 
     ``labels`` fixes the label names and their order; labels of the data are matched to them *by name* (a
     ``ClassLabel`` id through its own names); a name not among them raises, naming every unknown name. Without

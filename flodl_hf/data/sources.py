@@ -92,7 +92,10 @@ def pick_split(available: Sequence[str], split: Optional[str], name: str, prefer
 
 def read_table(source: Union[str, Path], *, split: Optional[str] = None, encoding: Optional[str] = None,
                prefer: Sequence[str] = ("train",), option: str = "--split") -> Table:
-    """Read one split of ``source`` (a file, a saved ``datasets`` directory or a Hub dataset id)."""
+    """Read one split of ``source`` (a file, a saved ``datasets`` directory, a Hub dataset id, or an in-memory
+    ``datasets.Dataset`` / ``DatasetDict``)."""
+    if _in_memory(source):
+        return _from_dataset_dict(source, f"the in-memory {type(source).__name__}", split, prefer, option)
     path = Path(source)
     if not path.exists():
         if looks_like_hub_id(source):
@@ -116,6 +119,14 @@ def read_table(source: Union[str, Path], *, split: Optional[str] = None, encodin
     else:
         columns, rows = _read_json(text, name, lines=suffix != ".json")
     return Table(name, columns, rows)
+
+
+def _in_memory(source: Any) -> bool:
+    """A ``datasets.Dataset`` or ``DatasetDict`` object (checked without importing datasets for paths)."""
+    if isinstance(source, (str, Path)) or not type(source).__module__.startswith("datasets"):
+        return False
+    datasets = _datasets()
+    return isinstance(source, (datasets.Dataset, datasets.DatasetDict))
 
 
 def _datasets() -> Any:

@@ -113,6 +113,7 @@ class WindowRuntime:
         # device needs each one's time at once (host clock)
         self.clock = ComputeClock(ctx.device, events=self.speed >= 1.0)
         self._last_sync_ms = 0.0
+        self.grad_norm: Any = None  # the reduced gradient's total norm before clipping, last window
         self._reduced_sq: Optional[float] = None  # the last window's |reduced gradient|^2 (sent in the next one)
         self._noise_prev: Optional[tuple[list[float], list[float], int]] = None  # its agreed norms, items, micro
         self._user_flags = 0
@@ -438,8 +439,8 @@ class WindowRuntime:
                 user |= int(bits)
             self.agreed_flags, self._user_flags = user, 0
             if self.config.max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_([p for p in self.params if p.grad is not None],
-                                               self.config.max_grad_norm)
+                self.grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.params if p.grad is not None],
+                                                                self.config.max_grad_norm)
             if self.config.simulate_sync is not None and self._micro_batches:  # SIMULATION: a slow interconnect
                 time.sleep(self.config.simulate_sync * self._compute_s / self._micro_batches)
             if self.device.type == "cuda":

@@ -72,6 +72,9 @@ class CardInfo:
     """True when the model classifies sentence pairs: the usage snippets then pass ``text`` and ``text_pair``."""
     example_pair: str = "It was a wonderful day."
     """Second text of the pair example (used when ``pairs``)."""
+    eval_source: Optional[str] = None
+    """The evaluation data when it was given apart from the training data (``--eval-data``, ``--eval-split``), as
+    the card names it; None: rows carved out of the training data, never seen in training."""
 
 
 def _card_data(info: CardInfo) -> Any:
@@ -157,6 +160,7 @@ def build_model_card(info: CardInfo, template_path: Optional[Union[str, Path]] =
         pairs=bool(info.pairs),
         max_length=info.max_length,
         notes=info.notes,
+        eval_source=info.eval_source,
     )
 
 

@@ -16,9 +16,10 @@ rules about the checkpoint directory, kept apart from the engine's file format (
   through which model. Resuming with any of them changed is refused with one
   :class:`~flodl_hf.checkpoint.graph_state.ResumeError` line naming the setting, both values and the fix. The learning rate
   may change on resume (e.g. lower it after a divergence); the output directory and reporting options too.
-- The device count may change (elastic resume, ``flodl_hf.checkpoint.elastic``): ``--devices`` with another number of
-  devices continues the epoch at the same sample, and the warmup/decay schedule is rescaled to the micro-steps
-  that remain on the new devices (``LinearSchedule.continue_over``). Each resume is recorded with the device
+- The device count may change (elastic resume, ``flodl_hf.checkpoint.elastic``): ``--devices`` with another number
+  of devices continues the epoch at the same sample, and the LR schedule keeps the run's sample position: its
+  clock covers what remained of it in the micro-steps that remain on the new devices
+  (``TrainerSchedule.continue_over``). Each resume is recorded with the device
   counts before and after (``metrics.json`` ``resumed``, the model card's "resumed" row).
 - After a successful run the job removes what it wrote there (the checkpoint files, ``runs/``, the directory when
   it created it and it is left empty), unless ``--keep-checkpoint``. It deletes or replaces only what the
@@ -53,6 +54,8 @@ PLAN_FLAGS = {
     "labels": "--labels", "seed": "--seed", "train_rows": "--train-rows", "eval_rows": "--eval-rows",
     "max_length": "--max-length", "batch_size": "--batch-size",
     "epochs": "--epochs", "warmup_ratio": "--warmup-ratio", "precision": "--precision",
+    "lr_scheduler_type": "--lr-scheduler-type", "lr_scheduler_kwargs": "--lr-scheduler-kwargs",
+    "warmup_steps": "--warmup-steps", "weight_decay": "--weight-decay", "max_grad_norm": "--max-grad-norm",
     "split": "--split", "eval_data": "--eval-data", "eval_split": "--eval-split", "problem_type": "--problem-type",
     "text_pair_column": "--text-pair-column", "group_by_length": "--group-by-length",
 }
@@ -83,7 +86,7 @@ def job_plan(settings: Any, sources: Any, labels: list, world_size: Optional[int
     return {
         "model": str(Path(sources.model_path).resolve()), "data": str(Path(sources.data_path).resolve()),
         "text_column": sources.text_column, "label_column": sources.label_column, "labels": list(labels),
-        "seed": settings.seed, "train_rows": settings.train_rows, "eval_rows": settings.eval_rows,
+        "seed": settings.seed, "train_rows": settings.train_rows_cap, "eval_rows": settings.eval_rows,
         "max_length": settings.max_length, "batch_size": settings.batch_size, "world_size": world_size,
         "epochs": settings.epochs, "warmup_ratio": settings.warmup_ratio, "precision": settings.precision,
         # None when unset, so that checkpoints written before these options existed still resume
@@ -91,6 +94,9 @@ def job_plan(settings: Any, sources: Any, labels: list, world_size: Optional[int
         "eval_data": str(Path(settings.eval_data).resolve()) if settings.eval_data else None,
         "problem_type": None if settings.problem_type == "single_label" else settings.problem_type,
         "text_pair_column": settings.text_pair_column, "group_by_length": bool(settings.group_by_length),
+        "lr_scheduler_type": settings.lr_scheduler_type, "lr_scheduler_kwargs": settings.lr_scheduler_kwargs,
+        "warmup_steps": settings.warmup_steps, "weight_decay": float(settings.weight_decay),
+        "max_grad_norm": settings.clip_norm,
     }
 
 
@@ -126,10 +132,16 @@ def _shown(value: Any) -> str:
 
 def check_plan(saved: dict, current: dict, directory: Any) -> None:
     """Raise ResumeError naming the first plan setting that differs (None in ``current`` means unknown yet)."""
+    if "lr_scheduler_type" not in saved:
+        raise ResumeError(f"cannot resume from {directory}: it was written by an earlier flodl-hf, whose LR "
+                          "schedule, weight decay and clipping were not Trainer's; finish it with that version, or "
+                          "start afresh without --resume")
     for key, flag in PLAN_FLAGS.items():  # the device count is not one of them: it may change (elastic resume)
         was, now = saved.get(key), current.get(key)
         if key == "group_by_length":  # absent: written before length grouping existed (plain shuffled batches)
             was, now = bool(was), bool(now)
+        if key == "max_grad_norm":  # None: no clipping, which the option spells 0
+            was, now = was or 0, now or 0
         if was != now:
             raise ResumeError(f"cannot resume from {directory}: it was written with {flag} {_shown(was)} but this "
                               f"run has {_shown(now)}; resume with the same settings, or start afresh without "
@@ -188,22 +200,22 @@ def remove_job_checkpoint(directory: Path, runs: bool = True) -> None:
 
 def start_or_resume(graph: Any, settings: Any, rows: int, saved: Optional[dict], plan: dict,
                     say: Callable[[str], None]) -> tuple[int, int, Any, Any]:
-    """After the data loader is set: ``(steps per epoch, total micro-steps, the LinearSchedule or None, the
+    """After the data loader is set: ``(steps per epoch, total micro-steps, the TrainerSchedule, the
     LoopState)``, with the schedule set on the graph, the plan's device fields filled, and ``saved`` (a checkpoint
     read by :func:`prepare_checkpoints`) resumed. Every task's job starts this way. Raises ValueError when the rows
     are fewer than one global batch."""
     from .loop import LoopState
-    from .schedule import LinearSchedule
+    from .schedule import TrainerSchedule, warmup_steps_for
 
     steps = graph.steps_per_epoch()
     if steps == 0:
         raise ValueError(f"{rows} training rows are fewer than one global batch of "
                          f"{graph.world_size * settings.batch_size}: lower --batch-size or add rows")
     total = steps * settings.epochs
-    schedule = None
-    if settings.warmup_ratio is not None:
-        schedule = LinearSchedule(graph.optimizer, total, float(settings.warmup_ratio))
-        graph.set_scheduler(schedule)
+    warmup = warmup_steps_for(total, settings.warmup_steps, settings.warmup_ratio)
+    schedule = TrainerSchedule(graph.optimizer, settings.lr_scheduler_type, total, warmup,
+                               settings.lr_scheduler_kwargs)
+    graph.set_scheduler(schedule)
     plan["world_size"] = graph.world_size
     plan["devices"] = [str(d) for d in settings.devices] if settings.devices else [str(graph.device)]
     state = resume(graph, settings, saved, plan, schedule, say) if saved is not None else LoopState()

@@ -10,8 +10,10 @@ It exists to keep ``flodl_hf.job.run`` (settings, data, model, outputs) apart fr
   checkpoint and raise :class:`TrainingInterrupted`; a second SIGINT aborts at once.
 - **Divergence**: a NaN or infinite loss raises :class:`TrainingDiverged` naming the step; no checkpoint is written
   from that state, so the last good one is kept.
-- **El Che** on N ranks: after each optimizer step the anchor, the gradient noise scale and the estimated
-  statistical efficiency go to TensorBoard (``el_che/...``, at the micro-step like ``train/loss``).
+- **TensorBoard**: each micro-batch's loss and learning rate (``train/loss``, ``train/learning_rate``), and after
+  each optimizer step the gradient norm before clipping (``train/grad_norm``) and, on N ranks, El Che's anchor,
+  gradient noise scale, estimated statistical efficiency, each rank's share of the global batch and the share of
+  the window's time spent synchronising (``el_che/...``), all at the micro-step.
 - **Evaluation** on the held-out split every ``eval_every`` optimizer steps (rank 0), recorded in the history, the
   progress bar and TensorBoard; each evaluation that improves ``LoopOptions.metric`` is handed to
   ``LoopOptions.on_best`` (the job keeps those weights: ``flodl_hf.job.evaluate.BestWeights``), and **early
@@ -36,7 +38,7 @@ from typing import Any, Callable, Optional
 
 from ..checkpoint.graph_state import CHECKPOINT_FILE
 from .interrupt import GracefulInterrupt
-from .outputs import el_che_scalars
+from .outputs import step_scalars
 
 __all__ = ["LoopOptions", "LoopState", "TrainingInterrupted", "TrainingDiverged", "run_loop"]
 
@@ -157,6 +159,7 @@ def run_loop(head: Any, graph: Any, state: LoopState, options: LoopOptions, *, p
                     loss = head.compute_loss(enc, labels)
                     graph.backward(loss)  # loss.backward(), scaled under fp16 loss scaling
                     before = graph.training_step
+                    lr = graph.optimizer.param_groups[0]["lr"] if board is not None else None  # this batch's
                     value = float(loss.detach())
                     if not math.isfinite(value) and bad is None:
                         bad = (before + 1, epoch + 1, value)
@@ -172,6 +175,7 @@ def run_loop(head: Any, graph: Any, state: LoopState, options: LoopOptions, *, p
                         state.losses.append(value)
                         if board is not None:
                             board.add("train/loss", value, len(state.losses))
+                            board.add("train/learning_rate", float(lr), len(state.losses))
                         postfix.update(loss=f"{value:.4f}", epoch=epoch + 1)
                         bar.set_postfix(postfix, refresh=False)
                     bar.update(1)
@@ -179,7 +183,7 @@ def run_loop(head: Any, graph: Any, state: LoopState, options: LoopOptions, *, p
                         continue  # inside an El Che window: nothing may be decided until it closes
                     step = graph.training_step
                     if board is not None:
-                        for tag, scalar in el_che_scalars(graph).items():
+                        for tag, scalar in step_scalars(graph).items():
                             board.add(tag, scalar, len(state.losses))
                     stop, diverged, early = _agreed(graph)
                     early_pending = False

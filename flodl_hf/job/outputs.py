@@ -20,7 +20,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-__all__ = ["ScalarBoard", "require_tensorboard", "el_che_info", "el_che_scalars", "anchor_changes", "training_table",
+__all__ = ["ScalarBoard", "require_tensorboard", "el_che_info", "el_che_scalars", "step_scalars", "anchor_changes",
+           "training_table",
            "write_outputs", "policy_name", "run_metrics", "settings_dict", "version"]
 
 
@@ -81,13 +82,26 @@ def el_che_info(graph: Any) -> Optional[dict]:
 
 
 def el_che_scalars(graph: Any) -> dict[str, float]:
-    """TensorBoard scalars of El Che after an optimizer step: anchor, noise scale, efficiency (those known)."""
+    """TensorBoard scalars of El Che after an optimizer step: anchor, noise scale, efficiency, each rank's share of
+    the global batch (``el_che/share/rank<r>``) and the last window's synchronisation share of its time
+    (``el_che/sync_share``: sync / (compute + sync)), those known."""
     el_che = graph.el_che() if hasattr(graph, "el_che") else None
     if el_che is None:
         return {}
     values = {"el_che/anchor": el_che.anchor, "el_che/noise_scale": el_che.noise_scale,
               "el_che/efficiency": el_che.efficiency}
+    values.update({f"el_che/share/rank{r}": share for r, share in enumerate(el_che.shares)})
+    overhead = el_che.history[-1].get("overhead") if el_che.history else None
+    if overhead is not None:
+        values["el_che/sync_share"] = overhead / (1.0 + overhead)
     return {k: float(v) for k, v in values.items() if v is not None}
+
+
+def step_scalars(graph: Any) -> dict[str, float]:
+    """TensorBoard scalars after an optimizer step: the gradient norm before clipping (``train/grad_norm``, with
+    clipping on) and El Che's (:func:`el_che_scalars`)."""
+    norm = getattr(graph, "grad_norm", None)
+    return {**({"train/grad_norm": norm} if norm is not None else {}), **el_che_scalars(graph)}
 
 
 def policy_name(world_size: int) -> str:
@@ -153,6 +167,26 @@ def _resume_cell(record: dict) -> str:
     return f"{record['step']} (checkpoint{devices})"
 
 
+def _optimizer_cell(settings: dict) -> str:
+    """``AdamW, lr 5e-05, weight decay 0.01 (not on biases and norm weights)``."""
+    cell = f"AdamW, lr {settings['lr']:g}"
+    if "weight_decay" not in settings:  # metrics of a run before --weight-decay: torch's 0.01 on every parameter
+        return cell
+    decay = float(settings["weight_decay"] or 0.0)
+    return cell + (f", weight decay {decay:g} (not on biases and norm weights)" if decay else ", no weight decay")
+
+
+def _schedule_cell(settings: dict) -> str:
+    """``linear, warmup 30 steps`` / ``cosine, warmup ratio 0.1`` / ``linear, no warmup``."""
+    name, ratio, steps = settings.get("lr_scheduler_type"), settings.get("warmup_ratio"), settings.get("warmup_steps")
+    if name is None:  # metrics of a run before --lr-scheduler-type
+        return "constant" if ratio is None else f"linear, warmup ratio {ratio:g}"
+    warmup = (f"warmup {steps} steps" if steps else f"warmup ratio {ratio:g}" if ratio else "no warmup")
+    kwargs = settings.get("lr_scheduler_kwargs")
+    keywords = " (" + ", ".join(f"{k} {v}" for k, v in kwargs.items()) + ")" if kwargs else ""
+    return f"{name}{keywords}" + ("" if name == "constant" else f", {warmup}")
+
+
 def training_table(metrics: dict) -> dict:
     """The model card's training setup, in display order (everything read from ``metrics``)."""
     settings = metrics["settings"]
@@ -184,9 +218,10 @@ def training_table(metrics: dict) -> dict:
         "precision": settings["precision"],
         "epochs": settings["epochs"],
         "batch size (per rank)": settings["batch_size"],
-        "optimizer": f"AdamW, lr {settings['lr']:g}",
-        "LR schedule": ("constant" if settings.get("warmup_ratio") is None
-                        else f"linear, warmup ratio {settings['warmup_ratio']:g}"),
+        "optimizer": _optimizer_cell(settings),
+        "LR schedule": _schedule_cell(settings),
+        "gradient clipping": (f"max norm {settings['max_grad_norm']:g}" if settings.get("max_grad_norm")
+                              else "none"),
         "max length (tokens)": settings["max_length"],
         "training rows": metrics["train_size"],
         "steps": (f"{metrics['steps_run']} of {metrics['steps']}"

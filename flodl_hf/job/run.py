@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .settings import DEFAULT_EVAL_ROWS, TrainSettings
+from .settings import DEFAULT_EVAL_ROWS, PACKAGED_TRAIN_ROWS, TrainSettings
 from .tasks import Task, get_task
 
 __all__ = ["run_train", "run_task_train", "Sources", "resolve_sources", "split_rows"]
@@ -80,8 +80,9 @@ def resolve_sources(settings: TrainSettings, task: Task) -> Sources:
 
 def split_rows(dataset: Any, settings: TrainSettings, held_out: Optional[Any] = None) -> tuple[Any, Any]:
     """``(train, held-out)``: a seeded carve-out of ``dataset``, or ``held_out`` (a named split or file) when
-    given, subset to ``eval_rows``; then ``train_rows`` drawn from the training rows. ``dataset`` is any task's
-    data (``TextDataset``, ``Rows``: ``split`` and ``subset`` with a seed)."""
+    given, subset to ``eval_rows``; then ``train_rows`` drawn from the training rows (every row of
+    ``data`` by default; ``PACKAGED_TRAIN_ROWS`` of the packaged corpus: ``TrainSettings.train_rows_cap``).
+    ``dataset`` is any task's data (``TextDataset``, ``Rows``: ``split`` and ``subset`` with a seed)."""
     if held_out is not None:
         train = dataset
         if settings.eval_rows is not None:
@@ -95,8 +96,8 @@ def split_rows(dataset: Any, settings: TrainSettings, held_out: Optional[Any] = 
             raise ValueError(f"cannot hold out {n_eval} of {n} rows for evaluation ({dataset.source}): give "
                              f"--eval-rows between 1 and {n - 1}, so that rows remain for training")
         train, held_out = dataset.split(n_eval, seed=settings.seed)
-    if settings.train_rows is not None:
-        train = train.subset(settings.train_rows, seed=settings.seed)
+    if settings.train_rows_cap is not None:
+        train = train.subset(settings.train_rows_cap, seed=settings.seed)
     return train, held_out
 
 
@@ -117,6 +118,10 @@ def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], No
     task = get_task(settings.task)
     sources = resolve_sources(settings, task)
     checkpoint_dir = check_train(settings, sources)  # validate first: paths, ownership, model files, devices, disk
+    if sources.packaged_data and settings.train_rows is None and is_main_process():
+        lr = f" at lr {settings.lr:g}" if settings.packaged_job else ""
+        log(f"flodl-hf: the packaged corpus, {PACKAGED_TRAIN_ROWS} training rows{lr} for a fast run (--train-rows "
+            "N for another number; --data FILE trains on every row of your data)")
     locks = _lock_directories(settings, checkpoint_dir) if is_main_process() else []
     try:
         return _run(settings, task, head_cls, sources, started, log)
@@ -184,9 +189,16 @@ def _run(settings: TrainSettings, task: Task, head_cls: Any, sources: Sources, s
                                     **task.head_kwargs(settings, train_rows))
     task.check_head(head, settings)
     config, num_labels = head.config(), task.num_labels(head)
-    lr = settings.lr
-    Trainer.setup_head_with(head, lambda dev: head_cls.on_device(config, num_labels, dev),
-                            lambda params: adamw(params, lr), settings.ddp_config())
+    lr, weight_decay, built = settings.lr, settings.weight_decay, []
+
+    def replica(device: Any) -> Any:
+        built.append(head_cls.on_device(config, num_labels, device))
+        return built[-1]
+
+    # Trainer's groups: weight decay on all but biases and normalisation weights (named by the replica's module)
+    Trainer.setup_head_with(head, replica,
+                            lambda params: adamw(params, lr, weight_decay, module=built[-1].graph().module),
+                            settings.ddp_config())
     graph = head.graph()
     main = graph.is_main
     say = log if main else (lambda _line: None)

@@ -1,15 +1,17 @@
 """An N -> M resume against a one-process reference written out by hand: every step's learning rate, the AdamW
 state and the order of the samples (2 -> 1, 1 -> 2, 3 -> 2 real gloo ranks on CPU).
 
-The engine side is what a setup-mode user runs: ``Graph`` + ``Trainer.setup_with`` + ``graph.epoch``, the job's
-``LinearSchedule`` set with ``graph.set_scheduler``, a checkpoint mid-epoch, and a resume on another number of
-ranks (``load_checkpoint``, then ``LinearSchedule.continue_over(graph.steps_remaining(...))``, as the job does).
+The engine side is what a setup-mode user runs: ``Graph`` + ``Trainer.setup_with`` + ``graph.epoch``, a schedule
+set with ``graph.set_scheduler`` (the job's ``TrainerSchedule``, transformers' ``get_scheduler`` on the run's
+clock, or the earlier ``LinearSchedule``), a checkpoint mid-epoch, and a resume on another number of ranks
+(``load_checkpoint``, then ``continue_over(graph.steps_remaining(...))``, as the job does).
 
 The reference shares nothing with the engine's plan objects: one process, one ``torch.optim.AdamW``, each epoch's
 permutation drawn with ``torch.randperm`` from a generator seeded with ``SEED + epoch``, the windows cut from it
 by position (``G = ranks x batch``: whole windows while the first run lasts, then windows of the new ``G`` from the
 sample where it stopped, the epoch's last partial window kept, whole windows after), the mean loss over each
-window's samples, and the learning rate of each step from the schedule's rule stated below. With a fixed anchor of
+window's samples, and the learning rate of each step from the schedule's rule stated below (for
+``TrainerSchedule``: transformers' own LR function read at the run's sample position). With a fixed anchor of
 1 every micro-step is one window (one optimizer step) on every rank.
 """
 
@@ -20,7 +22,7 @@ import torch
 
 from dist_helpers import run_ranks, values
 from flodl_hf import DdpConfig, Graph, Trainer
-from flodl_hf.job.schedule import LinearSchedule
+from flodl_hf.job.schedule import LinearSchedule, TrainerSchedule, warmup_steps_for
 from test_elastic_resume import BATCH, EPOCHS, N, SEED, _build, _collate, _data  # that run, with an LR schedule
 
 LR, WARMUP = 0.05, 0.5
@@ -31,14 +33,22 @@ def _adam_state(optimizer: torch.optim.Optimizer) -> list:
             for group in optimizer.param_groups for p in group["params"]]
 
 
-def _engine(rank: int, world: int, ckpt: str, stop_after: int | None, resume: bool) -> dict:
+def _schedule(name: str, optimizer: torch.optim.Optimizer, total: int):
+    """``linear-v1``: the job's earlier LinearSchedule; any other name: TrainerSchedule (warmup ratio WARMUP)."""
+    if name == "linear-v1":
+        return LinearSchedule(optimizer, total, WARMUP)
+    return TrainerSchedule(optimizer, name, total, warmup_steps_for(total, None, WARMUP))
+
+
+def _engine(rank: int, world: int, ckpt: str, stop_after: int | None, resume: bool,
+            schedule_name: str = "linear-v1") -> dict:
     """One rank of the run: record each window's learning rate and real sample ids; checkpoint after
     ``stop_after`` windows, or resume from ``ckpt`` and finish the run."""
     graph = Graph(_build())
     Trainer.setup_with(graph, _build, lambda p: torch.optim.AdamW(p, lr=LR),
                        DdpConfig(verbose=False, seed=SEED, fixed_anchor=1, timeout_s=60))
     graph.set_data_loader(_data(), batch_size=BATCH, collate_fn=_collate)
-    schedule = LinearSchedule(graph.optimizer, graph.total_steps(EPOCHS), WARMUP)
+    schedule = _schedule(schedule_name, graph.optimizer, graph.total_steps(EPOCHS))
     graph.set_scheduler(schedule)
     loaded = None
     if resume:
@@ -71,7 +81,7 @@ def _factor(x: float, warmup: float, total: float) -> float:
     return (x + 1) / (warmup + 1) if x < warmup else max(0.0, (total - x) / max(1.0, total - warmup))
 
 
-def _reference_plan(before: int, after: int, stop_after: int) -> tuple[list, list]:
+def _reference_plan(before: int, after: int, stop_after: int, schedule: str = "linear-v1") -> tuple[list, list]:
     """(windows as (epoch, sample ids), each window's learning rate) of the interrupted-then-resumed run."""
     perms = [torch.randperm(N, generator=torch.Generator().manual_seed(SEED + e)).tolist() for e in range(EPOCHS)]
     g1, g2 = before * BATCH, after * BATCH
@@ -82,8 +92,19 @@ def _reference_plan(before: int, after: int, stop_after: int) -> tuple[list, lis
     if done == end:
         rest = []
     rest += [(e, perms[e][k * g2:(k + 1) * g2]) for e in range(epoch + 1, EPOCHS) for k in range(N // g2)]
-    # the first run's schedule: T micro-steps, int(T x WARMUP) of warmup
     total = N // g1 * EPOCHS
+    if schedule != "linear-v1":
+        # transformers' schedule for the first run (T micro-steps, ceil(T x WARMUP) of warmup), read at the
+        # sample position: step j of the rest is at stop_after + j (T - stop_after) / len(rest) of its clock
+        from transformers import get_scheduler
+
+        probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=LR)
+        factor = get_scheduler(schedule, probe, num_warmup_steps=warmup_steps_for(total, None, WARMUP),
+                               num_training_steps=total).lr_lambdas[0]
+        lrs = [LR * factor(k) for k in range(stop_after)]
+        lrs += [LR * factor(stop_after + j * (total - stop_after) / len(rest)) for j in range(len(rest))]
+        return first + rest, lrs
+    # the first run's schedule: T micro-steps, int(T x WARMUP) of warmup
     warmup = int(total * WARMUP)
     lrs = [LR * _factor(k, warmup, total) for k in range(stop_after)]
     # the resume rescales the clock by remaining / left: the decay factor at the resume point is unchanged and the
@@ -94,8 +115,8 @@ def _reference_plan(before: int, after: int, stop_after: int) -> tuple[list, lis
     return first + rest, lrs
 
 
-def _reference(before: int, after: int, stop_after: int) -> dict:
-    plan, lrs = _reference_plan(before, after, stop_after)
+def _reference(before: int, after: int, stop_after: int, schedule: str = "linear-v1") -> dict:
+    plan, lrs = _reference_plan(before, after, stop_after, schedule)
     data = _data()
     model = _build()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -122,12 +143,15 @@ def _close(a: list, b: list, what: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("before,after,stop_after", [(2, 1, 11), (1, 2, 15), (3, 2, 5)])
-def test_resume_on_another_device_count_equals_the_hand_computed_run(tmp_path, before, after, stop_after):
+@pytest.mark.parametrize("before,after,stop_after,schedule", [
+    (2, 1, 11, "linear-v1"), (1, 2, 15, "linear-v1"), (3, 2, 5, "linear-v1"),
+    (2, 1, 11, "cosine"), (1, 2, 4, "linear"),  # the second resumes inside the warmup
+])
+def test_resume_on_another_device_count_equals_the_hand_computed_run(tmp_path, before, after, stop_after, schedule):
     ckpt = str(tmp_path / "ckpt")
-    first = _on(before, ckpt, stop_after, False)
-    rest = _on(after, ckpt, None, True)
-    ref = _reference(before, after, stop_after)
+    first = _on(before, ckpt, stop_after, False, schedule)
+    rest = _on(after, ckpt, None, True, schedule)
+    ref = _reference(before, after, stop_after, schedule)
     # sample order: every window, in rank order, is the reference's slice of the epoch's permutation
     windows = [[first[0]["windows"][k][0], [i for r in first for i in r["windows"][k][2]]]
                for k in range(len(first[0]["windows"]))]
@@ -140,7 +164,7 @@ def test_resume_on_another_device_count_equals_the_hand_computed_run(tmp_path, b
     lrs = [w[1] for w in first[0]["windows"] + rest[0]["windows"]]
     assert lrs == pytest.approx(ref["lrs"], rel=1e-12, abs=1e-15)
     total = N // (before * BATCH) * EPOCHS
-    if stop_after >= int(total * WARMUP):  # resumed in the decay: the LR at the resume point is unchanged
+    if schedule == "linear-v1" and stop_after >= int(total * WARMUP):  # resumed in the decay: LR unchanged
         assert lrs[stop_after] == pytest.approx(LR * (total - stop_after) / (total - int(total * WARMUP)), rel=1e-12)
     # optimizer state: loaded exactly as saved, on every rank; equal to the reference's at that step and at the end
     for r in rest:

@@ -106,7 +106,8 @@ def test_model_card_parses_back(trained):
     assert "| LR schedule | linear, warmup ratio 0.1 |" in card.text
     for row in ("| devices | cpu |", "| world size | 1 rank(s) |", "| policy | single device |",
                 "| precision | fp32 |", "| epochs | 3 |", "| batch size (per rank) | 16 |",
-                "| optimizer | AdamW, lr 0.002 |", "| resumed | no |"):
+                "| optimizer | AdamW, lr 0.002, no weight decay |", "| gradient clipping | max norm 1 |",
+                "| resumed | no |"):
         assert row in card.text, row
 
 

@@ -168,7 +168,7 @@ def check_output_dir(out: Path, task: str, architecture: str) -> dict:
 def test_token_classification_trains_evaluates_and_predicts(tiny_checkpoint, work, tmp_path, capsys):
     out = tmp_path / "tok"
     code, stdout, err = run_cli(["train", "--task", "token-classification", "--model", tiny_checkpoint("bert"),
-                                 "--data", work / "tokens.jsonl", "--epochs", "3", "--max-length", "16",
+                                 "--data", work / "tokens.jsonl", "--epochs", "4", "--max-length", "16",
                                  "--output-dir", out, *FAST], capsys)
     assert code == 0, err
     metrics = check_output_dir(out, "token-classification", "BertForTokenClassification")

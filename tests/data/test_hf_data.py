@@ -154,7 +154,7 @@ def test_multi_label_trains_from_the_cli(work, tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in multi_label_rows(400)))
     out = tmp_path / "out"
     assert cli.main(["train", "--model", work / "base", "--data", data, "--problem-type", "multi_label",
-                     "--eval-rows", "80", "--output-dir", out, *FAST, "--epochs", "10"]) == 0
+                     "--eval-rows", "80", "--output-dir", out, *FAST, "--epochs", "20"]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["problem_type"] == "multi_label" and metrics["labels"] == ["neg", "pos", "screen"]
     assert metrics["micro_f1"] > 0.6 and 0 <= metrics["macro_f1"] <= 1 and "accuracy" in metrics
@@ -235,7 +235,7 @@ def test_pair_training_never_drops_the_second_text(work, tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in entailment_rows(400)))
     out = tmp_path / "out"
     argv = ["train", "--model", work / "base", "--data", data, "--text-column", "premise", "--text-pair-column",
-            "hypothesis", "--eval-rows", "80", "--output-dir", out, "--batch-size", "16", "--epochs", "6", "--lr",
+            "hypothesis", "--eval-rows", "80", "--output-dir", out, "--batch-size", "16", "--epochs", "12", "--lr",
             "3e-3", "--max-length", "16", "--no-progress"]
     head = AutoHeadForSequenceClassification.from_pretrained(str(work / "base"), labels=NAMES)
     if not supports_pairs(head):

@@ -180,9 +180,16 @@ def test_metrics_json_and_tensorboard_figures_of_a_goodput_run():
     assert info["noise_scale"] == pytest.approx(960.0) and 0 < info["efficiency"] < 1
     json.dumps(info)
     scalars = el_che_scalars(_Holder(che))
+    overhead = che.history[-1]["overhead"]
     assert scalars == {"el_che/anchor": float(che.anchor), "el_che/noise_scale": pytest.approx(960.0),
-                       "el_che/efficiency": pytest.approx(che.efficiency)}
-    assert el_che_scalars(_Holder(ElChe(2, batch_size=16))) == {"el_che/anchor": 1.0}
+                       "el_che/efficiency": pytest.approx(che.efficiency),
+                       "el_che/share/rank0": pytest.approx(che.shares[0]),
+                       "el_che/share/rank1": pytest.approx(che.shares[1]),
+                       "el_che/sync_share": pytest.approx(overhead / (1 + overhead))}
+    assert 0 < scalars["el_che/sync_share"] < 1 and scalars["el_che/share/rank0"] + scalars["el_che/share/rank1"] \
+        == pytest.approx(1.0)
+    assert el_che_scalars(_Holder(ElChe(2, batch_size=16))) == {"el_che/anchor": 1.0, "el_che/share/rank0": 0.5,
+                                                               "el_che/share/rank1": 0.5}
 
 
 def test_ddp_config_anchor_rule_and_simulate_sync():

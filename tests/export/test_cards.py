@@ -138,6 +138,27 @@ def test_training_setup_of_a_resumed_multi_rank_run_round_trips(tmp_path):
     assert list(table)[:3] == ["devices", "world size", "policy"]
 
 
+def test_training_table_names_the_optimizer_schedule_and_clipping():
+    from flodl_hf.job.outputs import training_table
+
+    base = _run_metrics()["settings"]
+    for settings, rows in (
+        (dict(base, lr_scheduler_type="linear", warmup_ratio=None, warmup_steps=None, weight_decay=0.0,
+              max_grad_norm=1.0),
+         ("| optimizer | AdamW, lr 5e-05, no weight decay |", "| LR schedule | linear, no warmup |",
+          "| gradient clipping | max norm 1 |")),
+        (dict(base, lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.1},
+              warmup_ratio=None, warmup_steps=30, weight_decay=0.01, max_grad_norm=None),
+         ("| optimizer | AdamW, lr 5e-05, weight decay 0.01 (not on biases and norm weights) |",
+          "| LR schedule | cosine_with_min_lr (min_lr_rate 0.1), warmup 30 steps |", "| gradient clipping | none |")),
+        (dict(base, lr_scheduler_type="cosine", warmup_ratio=0.1, weight_decay=0.0, max_grad_norm=0.5),
+         ("| LR schedule | cosine, warmup ratio 0.1 |", "| gradient clipping | max norm 0.5 |")),
+    ):
+        text = "\n".join(f"| {k} | {v} |" for k, v in training_table(_run_metrics(settings=settings)).items())
+        for row in rows:
+            assert row in text, (row, text)
+
+
 def test_training_setup_shows_the_goodput_anchor_over_time_and_the_noise_estimate(tmp_path):
     from flodl_hf.job.outputs import anchor_changes, training_table
 
@@ -223,3 +244,15 @@ def test_basic_card_without_scores(tmp_path):
     assert "text_pair" in card.text and "truncated to 64 tokens" in card.text
     with pytest.raises(ValueError, match="no model-index"):
         check_model_card(path)
+
+
+def test_the_evaluation_section_says_where_the_held_out_rows_come_from(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    carved = ModelCard.load(write_model_card(info(), tmp_path / "a"))
+    assert "Held-out split of 5 rows, never seen in training." in carved.text
+    assert "come from one held-out split of the same corpus" in carved.text
+    given = ModelCard.load(write_model_card(info(eval_source="`test.csv` (`--eval-data`)"), tmp_path / "b"))
+    assert "never seen in training" not in given.text
+    assert "5 rows of `test.csv` (`--eval-data`), given apart from the training data" in given.text
+    assert "The scores above come from `test.csv` (`--eval-data`); expect" in given.text

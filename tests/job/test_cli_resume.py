@@ -203,11 +203,17 @@ def test_tensorboard_scalars_are_written_to_runs(work, tmp_path):
     assert cli.main(small_args(work, out, "--report-to", "tensorboard", "--eval-every", "4")) == 0
     events = EventAccumulator(str(out / "runs"))
     events.Reload()
-    assert set(events.Tags()["scalars"]) == {"train/loss", "eval/accuracy", "eval/macro_f1", "eval/loss"}
+    assert set(events.Tags()["scalars"]) == {"train/loss", "train/learning_rate", "train/grad_norm", "eval/accuracy",
+                                             "eval/macro_f1", "eval/loss"}
     metrics = json.loads((out / "metrics.json").read_text())
     losses = events.Scalars("train/loss")
     assert [e.step for e in losses] == list(range(1, 11))
     assert [e.value for e in losses] == pytest.approx(metrics["train_loss"])
+    # the scheduler at work: Trainer's default linear decay from 2e-3 over the 10 steps, each batch's LR
+    assert [e.value for e in events.Scalars("train/learning_rate")] == pytest.approx([2e-3 * (10 - k) / 10
+                                                                                      for k in range(10)])
+    norms = events.Scalars("train/grad_norm")  # before clipping (max norm 1.0, the default)
+    assert [e.step for e in norms] == list(range(1, 11)) and all(e.value > 0 for e in norms)
     assert [e.step for e in events.Scalars("eval/accuracy")] == [4, 8, 10]  # two periodic, one final
     assert not (tmp_path / "out.checkpoint").exists()
 
@@ -251,15 +257,24 @@ def test_keep_checkpoint_and_a_changed_plan_is_refused(work, tmp_path, capsys):
 def test_check_plan_names_the_setting_that_changed():
     plan = {"model": "/m", "data": "/d", "text_column": "text", "label_column": "label", "labels": ["a", "b"],
             "seed": 0, "train_rows": 100, "eval_rows": None, "max_length": 64, "batch_size": 16, "world_size": 2,
-            "epochs": 1, "warmup_ratio": None, "precision": "fp32", "lr": 5e-5}
+            "epochs": 1, "warmup_ratio": None, "precision": "fp32", "lr": 5e-5, "lr_scheduler_type": "linear",
+            "weight_decay": 0.0, "max_grad_norm": 1.0}
     check_plan(plan, dict(plan, lr=1e-5, world_size=None), "ckpt")  # the LR may change; world size unknown yet
     check_plan(plan, dict(plan, world_size=3), "ckpt")  # so may the device count (elastic resume)
     for key, value, expected in (("batch_size", 8, "--batch-size 16 but this run has 8"),
                                  ("labels", ["a", "c"], "--labels a,b but this run has a,c"),
                                  ("model", "/other", "--model /m but this run has /other"),
-                                 ("group_by_length", True, "--group-by-length False but this run has True")):
+                                 ("group_by_length", True, "--group-by-length False but this run has True"),
+                                 ("lr_scheduler_type", "cosine", "--lr-scheduler-type linear but this run has "
+                                                                 "cosine"),
+                                 ("weight_decay", 0.01, "--weight-decay 0.0 but this run has 0.01"),
+                                 ("max_grad_norm", None, "--max-grad-norm 1.0 but this run has 0")):
         with pytest.raises(ResumeError, match=expected.replace("(", r"\(").replace(")", r"\)")):
             check_plan(plan, dict(plan, **{key: value}), "ckpt")
+    before = {k: v for k, v in plan.items() if k not in ("lr_scheduler_type", "weight_decay", "max_grad_norm")}
+    with pytest.raises(ResumeError, match="written by an earlier flodl-hf, whose LR schedule, weight decay and "
+                                          "clipping were not Trainer's"):
+        check_plan(before, plan, "ckpt")  # a checkpoint of the constant-LR, weight-decay-everywhere version
 
 
 def test_resume_command_replaces_an_old_resume_and_quotes():

@@ -20,17 +20,17 @@ def _model() -> torch.nn.Module:
                                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
 
 
-def test_cpu_parameters_get_the_fused_kernel_with_torch_defaults():
+def test_cpu_parameters_get_the_fused_kernel_with_trainers_defaults():
     opt = adamw(_model().parameters(), 5e-5)
     assert opt.defaults["fused"] is True and opt.defaults["lr"] == 5e-5
-    assert opt.defaults["weight_decay"] == 0.01 and opt.defaults["betas"] == (0.9, 0.999)
+    assert opt.defaults["weight_decay"] == 0.0 and opt.defaults["betas"] == (0.9, 0.999)  # Trainer's defaults
 
 
 def test_fused_updates_equal_the_unfused_loop_to_float_rounding():
     fused_model = _model()
     plain_model = copy.deepcopy(fused_model)
     fused, plain = adamw(fused_model.parameters(), 1e-2), torch.optim.AdamW(plain_model.parameters(), lr=1e-2,
-                                                                             foreach=False)
+                                                                             weight_decay=0.0, foreach=False)
     g = torch.Generator().manual_seed(1)
     for _ in range(5):
         ids = torch.randint(0, 50, (4, 7), generator=g)

@@ -18,7 +18,7 @@ class FillMask(RowsTask):
     name = "fill-mask"
     metrics = ("perplexity",)
     unsupported = {"train": CLASSIFICATION_ONLY + TAGS_ONLY,
-                   "eval": EVAL_PAIRS + (("label_column", "--label-column", "label"),),
+                   "eval": EVAL_PAIRS + (("label_column", "--label-column", None),),
                    "predict": PREDICT_PAIRS + (("question", "--question", None),)}
 
     def read(self, source: Any, *, labels: Any = None, text_column: Optional[str] = None,

@@ -27,8 +27,8 @@ class QuestionAnswering(RowsTask):
     name = "question-answering"
     metrics = ("f1", "exact_match")
     unsupported = {"train": CLASSIFICATION_ONLY + TAGS_ONLY + (("text_column", "--text-column", None),),
-                   "eval": EVAL_PAIRS + (("text_column", "--text-column", "text"),
-                                         ("label_column", "--label-column", "label")),
+                   "eval": EVAL_PAIRS + (("text_column", "--text-column", None),
+                                         ("label_column", "--label-column", None)),
                    "predict": PREDICT_PAIRS}
 
     def check_settings(self, settings: Any) -> None:

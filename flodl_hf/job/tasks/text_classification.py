@@ -91,14 +91,13 @@ class TextClassification(Task):
     # --- model --------------------------------------------------------------------------------------------------
 
     def head_kwargs(self, settings: Any, train: Any) -> dict:
-        """Label names, or one output for regression, and transformers' problem type."""
+        """Label names, or one output for regression, and transformers' problem type (written to config.json for
+        single-label models too, as Trainer's run leaves it: ``single_label_classification``)."""
         from .problems import HF_PROBLEM_TYPES
 
         if settings.problem_type == "regression":
             return {"num_labels": 1, "problem_type": HF_PROBLEM_TYPES[settings.problem_type]}
-        if settings.problem_type == "multi_label":
-            return {"labels": train.labels, "problem_type": HF_PROBLEM_TYPES[settings.problem_type]}
-        return {"labels": train.labels}
+        return {"labels": train.labels, "problem_type": HF_PROBLEM_TYPES[settings.problem_type]}
 
     def check_head(self, head: Any, settings: Any) -> None:
         if settings.text_pair_column is not None:
@@ -192,7 +191,7 @@ class TextClassification(Task):
         # Fields the card gains with the heads-side merge of issue 11; passed where this CardInfo has them.
         known = {f.name for f in dataclasses.fields(CardInfo)}
         optional = {"pairs": bool(settings.text_pair_column), "dataset_hub_id": sources.hub_id,
-                    "problem_type": settings.problem_type}
+                    "problem_type": settings.problem_type, "eval_source": _eval_source(settings)}
         info_fields.update({k: v for k, v in optional.items() if k in known})
         if "accuracy" in metrics or "problem_type" in known:
             write_model_card(CardInfo(**info_fields), staging)
@@ -202,6 +201,17 @@ class TextClassification(Task):
     def result_note(self, metrics: dict, before: dict) -> str:
         baseline = metrics.get("majority_baseline")
         return f" (majority baseline {baseline:.3f})" if baseline is not None else ""
+
+
+def _eval_source(settings: Any) -> Optional[str]:
+    """How the card names held-out data given apart from the training data (None: carved out of it)."""
+    if settings.eval_data is not None:
+        split = f", split `{settings.eval_split}`" if settings.eval_split else ""
+        name = Path(settings.eval_data).name if Path(settings.eval_data).exists() else settings.eval_data
+        return f"`{name}`{split} (`--eval-data`)"
+    if settings.eval_split is not None:
+        return f"the `{settings.eval_split}` split of the data (`--eval-split`)"
+    return None
 
 
 def _write_scores_card(info: dict, metrics: dict, directory: Path) -> Path:
