@@ -357,8 +357,8 @@ def test_readme_links_resolve():
             assert anchor in _anchors(target), f"{link}: no heading #{anchor} in {_rel(target)}"
 
 
-_REPO_PATH = re.compile(r"(?<![\w/.-])((?:examples|benchmarks|scripts|tests|flodl_hf|heads|docs|model_cards)"
-                        r"/[\w./-]*)")
+_REPO_PATH = re.compile(r"(?<![\w/.-])((?:examples|benchmarks|scripts|tests|flodl_hf|heads|docs|model_cards|\.ci)"
+                        r"/[\w./-]*|constraints\.txt|mkdocs\.yml|pyproject\.toml)")
 
 
 @pytest.mark.parametrize("page", list(ALL_BLOCKS))
@@ -368,3 +368,46 @@ def test_named_repository_paths_exist(page):
     missing = sorted({path.rstrip(".") for span in re.findall(r"`([^`\n]+)`", text)
                       for path in _REPO_PATH.findall(span) if not (ROOT / path.rstrip(".")).exists()})
     assert not missing, f"{page} names paths that do not exist: {missing}"
+
+
+def _command_options() -> dict[str, set[str]]:
+    """Each ``flodl-hf`` subcommand -> every option string it accepts (``bench``: its delegated parsers too)."""
+    import argparse
+
+    from flodl_hf.cli import build_parser
+
+    def options(parser: argparse.ArgumentParser) -> set[str]:
+        return {s for action in parser._actions for s in action.option_strings}
+
+    hook = _hook()
+    found: dict[str, set[str]] = {}
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found[name] = options(sub)
+                for module, _title in hook.DELEGATED.get(name, ()):
+                    found[name] |= options(importlib.import_module(module).build_parser())
+    return found
+
+
+def _unknown_options(text: str, commands: dict[str, set[str]]) -> list[str]:
+    """The ``--options`` of inline ``flodl-hf COMMAND ...`` spans that COMMAND does not have."""
+    text = re.sub(r"^( *)(```|~~~).*?^\1\2[^\n]*$", "", text, flags=re.S | re.M)
+    bad = []
+    for span in re.findall(r"`flodl-hf ([a-z-]+)([^`\n]*)`", text):
+        command, rest = span
+        for option in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", rest):
+            if command in commands and option not in commands[command] and option != "--help":
+                bad.append(f"flodl-hf {command} {option}")
+    return bad
+
+
+def test_inline_commands_name_options_their_command_has():
+    """Prose names commands in code spans (``flodl-hf train --resume DIR``) that no block runs: every option such
+    a span gives must exist on its command, so a renamed or removed option fails here."""
+    commands = _command_options()
+    assert {"train", "eval", "predict", "bench"} <= set(commands)
+    assert _unknown_options("see `flodl-hf train --no-such-flag 3` and `flodl-hf eval --data x`", commands) == [
+        "flodl-hf train --no-such-flag"]
+    bad = {page: _unknown_options((ROOT / page).read_text(encoding="utf-8"), commands) for page in ALL_BLOCKS}
+    assert {page: found for page, found in bad.items() if found} == {}
