@@ -54,8 +54,11 @@ class Task:
     # --- settings -----------------------------------------------------------------------------------------------
 
     def check_settings(self, settings: Any) -> None:
-        """Refuse the ``train`` settings this task cannot honour (called first when settings are built)."""
+        """Refuse the ``train`` settings this task cannot honour, then a ``--metric-for-best`` it does not report
+        (called first when settings are built, so these come before the shared checks)."""
         refuse_unsupported(settings, self.name, self.unsupported.get("train", ()), "train")
+        if getattr(settings, "metric_for_best", None) is not None:
+            self.check_metric(settings.metric_for_best, settings)
 
     def default_metric(self, settings: Any) -> str:
         return self.metrics[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ...metrics.squad import squad_scores
+from .base import refuse_unsupported
 from .rows_task import CLASSIFICATION_ONLY, EVAL_PAIRS, PREDICT_PAIRS, TAGS_ONLY, RowsTask, chunks, evaluating
 
 __all__ = ["QuestionAnswering", "TASK", "first_word_baseline"]
@@ -32,11 +33,13 @@ class QuestionAnswering(RowsTask):
                    "predict": PREDICT_PAIRS}
 
     def check_settings(self, settings: Any) -> None:
-        super().check_settings(settings)
+        refuse_unsupported(settings, self.name, self.unsupported.get("train", ()), "train")
         if settings.max_micro_batch == "auto":
             raise ValueError("--max-micro-batch auto is not supported with --task question-answering (train): the "
                              "memory probe cannot read a QA model's start/end logits; give the cap as an integer, "
                              "e.g. --max-micro-batch 16")
+        if settings.metric_for_best is not None:
+            self.check_metric(settings.metric_for_best, settings)
 
     def read(self, source: Any, *, labels: Any = None, text_column: Optional[str] = None,
              label_column: Optional[str] = None, encoding: Optional[str] = None, split: Optional[str] = None,

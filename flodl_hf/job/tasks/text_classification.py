@@ -14,7 +14,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Optional
 
-from .base import Task
+from .base import Task, refuse_unsupported
 
 __all__ = ["TextClassification", "TASK"]
 
@@ -36,6 +36,10 @@ class TextClassification(Task):
         from .problems import DEFAULT_METRIC
 
         return DEFAULT_METRIC[settings.problem_type]
+
+    def check_settings(self, settings: Any) -> None:
+        # The metric is checked later, once the problem type it depends on is validated (TrainSettings).
+        refuse_unsupported(settings, self.name, self.unsupported.get("train", ()), "train")
 
     def check_metric(self, metric: str, settings: Any) -> str:
         from .problems import check_metric
