@@ -25,13 +25,15 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from hostile_cases import CASES
+from hostile_cases import CASES as FIRST_CASES
+from hostile_round3 import CASES3
 from tiny_models import make_checkpoint, toy_task
 
 from flodl_hf import cli
 from flodl_hf.data import load_text_classification
 
 ROOT = Path(__file__).resolve().parents[2]
+CASES = FIRST_CASES + CASES3
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), FLODL_HF_NO_LAUNCH="1")
 
 
@@ -85,7 +87,7 @@ def test_the_table_is_large_and_distinct():
     assert len(ids) == len(set(ids)), sorted({i for i in ids if ids.count(i) > 1})
     assert len(ids) >= 120, len(ids)
     page = (ROOT / "docs" / "bad-input.md").read_text(encoding="utf-8")
-    assert f"`tests/hostile_cases.py`, {len(ids)} cases" in page  # docs/bad-input.md's count stays true
+    assert f"`tests/hostile_round3.py`), {len(ids)} cases" in page  # docs/bad-input.md's count stays true
 
 
 @pytest.mark.slow
