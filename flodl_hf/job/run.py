@@ -185,6 +185,7 @@ def _run(settings: TrainSettings, task: Task, head_cls: Any, sources: Sources, s
     head = head_cls.from_pretrained(str(sources.model_path), max_length=settings.max_length,
                                     **task.head_kwargs(settings, train_rows))
     task.check_head(head, settings)
+    task.check_rows(head, [train_rows, eval_rows])  # every row, before the first step
     config, num_labels = head.config(), task.num_labels(head)
     lr = settings.lr
     Trainer.setup_head_with(head, lambda dev: head_cls.on_device(config, num_labels, dev),
