@@ -148,9 +148,9 @@ def check_fingerprints(saved: dict, current: dict, directory: Any, shown: dict) 
     was_settings, now_settings = was_all.get("settings") or {}, now_all.get("settings") or {}
     for name in sorted(set(was_settings) & set(now_settings)):
         if was_settings[name] != now_settings[name]:
-            raise ResumeError(f"cannot resume from {directory}: it was written with {_flag(name)} "
-                              f"{_shown(was_settings[name])} but this run has {_shown(now_settings[name])}; resume with the same "
-                              "settings, or start afresh without --resume")
+            was, now = _shown(was_settings[name]), _shown(now_settings[name])
+            raise ResumeError(f"cannot resume from {directory}: it was written with {_flag(name)} {was} but this "
+                              f"run has {now}; resume with the same settings, or start afresh without --resume")
     for key, option in (("model", "--model"), ("data", "--data"), ("eval_data", "--eval-data")):
         was, now = was_all.get(key), now_all.get(key)
         if isinstance(was, dict) and isinstance(now, dict) and was != now:
