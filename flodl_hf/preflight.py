@@ -70,8 +70,8 @@ def check_model_dir(path: Any, option: str = "--model", tokenizer: bool = True,
     if (model / "model.safetensors").is_file():
         problem = safetensors_problem(model / "model.safetensors")
         if problem:
-            raise ValueError(f"{model / 'model.safetensors'} {problem}: download or save the model again, or give "
-                             f"another directory with {option}")
+            raise ValueError(f"{model / 'model.safetensors'} {problem}: re-download or re-save the checkpoint, or "
+                             f"give another directory with {option}")
     if labels or (labels is None and classifier_trained(model) is not False):
         problem = label_map_problem(config.get("id2label"))
         if problem:
@@ -107,13 +107,13 @@ def safetensors_problem(path: Path) -> Optional[str]:
         with path.open("rb") as fh:
             head = fh.read(8)
             if len(head) < 8:
-                return f"is truncated ({size} bytes, not even a header)"
+                return f"is corrupt or truncated ({size} bytes, not even a header)"
             (length,) = struct.unpack("<Q", head)
             if length > min(size - 8, 100_000_000):
-                return f"is truncated or damaged ({size} bytes; its header claims {length} bytes of header)"
+                return f"is corrupt or truncated ({size} bytes; its header claims {length} bytes of header)"
             header = json.loads(fh.read(length))
     except (OSError, ValueError, struct.error) as exc:
-        return f"is unreadable or damaged ({type(exc).__name__})"
+        return f"is corrupt or truncated (unreadable header: {type(exc).__name__})"
     if not isinstance(header, dict):
         return "is damaged (its header is not an object)"
     ends = [info.get("data_offsets", [0, 0])[1] for key, info in header.items()
@@ -121,8 +121,7 @@ def safetensors_problem(path: Path) -> Optional[str]:
             and len(info["data_offsets"]) == 2]
     expected = 8 + length + max((int(e) for e in ends if isinstance(e, int)), default=0)
     if expected != size:
-        kind = "truncated" if size < expected else "damaged"
-        return f"is {kind}: {size} bytes where its header describes {expected}"
+        return f"is corrupt or truncated: {size} bytes where its header describes {expected}"
     return None
 
 

@@ -378,12 +378,12 @@ case("a FIFO as the output's lock file (kept back)", [*TRAIN_ARGS], ("lock file"
 case("a FIFO as --resume's manifest (kept back)", [*TRAIN_ARGS, "--resume", "ck"], ("no checkpoint at",),
      setup=fifo("ck/checkpoint.json"))
 case("export of a truncated model.safetensors", ["export", "--model", "m", "--output", "o"],
-     ("model.safetensors is truncated", "--model"), setup=truncated_weights("m"))
+     ("model.safetensors is corrupt or truncated", "--model"), setup=truncated_weights("m"))
 for command, extra in (("predict", ["good"]), ("train", ["--data", "{data}", "--output-dir", "out"]),
                        ("eval", ["--data", "{data}"])):
     case(f"{command}: a truncated model.safetensors (kept back)", [command, "--model", "m", *extra],
-         ("is truncated",), setup=truncated_weights("m"))
-case("verify: a model.safetensors cut inside its header (kept back)", ["verify", "m"], ("is truncated",),
+         ("is corrupt or truncated",), setup=truncated_weights("m"))
+case("verify: a model.safetensors cut inside its header (kept back)", ["verify", "m"], ("corrupt or truncated",),
      setup=truncated_weights("m", keep=40))
 case("an --output-dir that is not UTF-8", [*TRAIN_ARGS[:-1], os.fsdecode(b"out\xff")], ("not valid UTF-8",))
 case("an eval --json name that is not UTF-8 (kept back)", ["eval", "--model", "{trained}", "--data", "{data}",

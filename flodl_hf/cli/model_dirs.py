@@ -38,16 +38,20 @@ def verify(path: str, as_json: bool = False) -> int:
 
 def _check_task_layer(path: str, task: str, command: str, option: str) -> None:
     """A directory whose config.json names a task head but whose weights lack that head's layer is refused (a base
-    model, naming no task, is verified as a text classifier and reported there)."""
-    from ..export.tasks import task_of_model_dir
-    from ..preflight import check_task_layer
+    model, naming no task, is verified as a text classifier and reported there). ``verify`` of weights that hold
+    another task's layer reports both key sets instead (architectures that disagree with the weights, exit 1)."""
+    from ..export.tasks import TASKS, task_of_model_dir
+    from ..preflight import check_task_layer, task_layer_trained
 
     try:
         named, _ = task_of_model_dir(path)
     except (OSError, ValueError, AttributeError, TypeError):
         return
-    if named is not None:
-        check_task_layer(path, task, command, option)
+    if named is None:
+        return
+    if command == "verify" and any(task_layer_trained(path, other) for other in TASKS if other != task):
+        return
+    check_task_layer(path, task, command, option)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
