@@ -6,6 +6,8 @@ instead of deep inside a collective on one rank. The CLI and ``Trainer.setup_*_w
 
 from __future__ import annotations
 
+import math
+
 import os
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -180,8 +182,10 @@ class DdpConfig:
             if len(self.speed_hint) != 2:
                 raise _bad("speed_hint", self.speed_hint, "give (slow_rank, ratio), e.g. (1, 2.5)")
             slow, ratio = self.speed_hint
-            if int(slow) < 0:
-                raise _bad("speed_hint", self.speed_hint, "slow_rank must be a rank index >= 0")
+            if isinstance(slow, bool) or not isinstance(slow, int) or slow < 0:
+                raise _bad("speed_hint", self.speed_hint, "slow_rank must be a rank index, an integer >= 0")
+            if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio):
+                raise _bad("speed_hint", self.speed_hint, "ratio must be a finite number >= 1, e.g. (1, 2.5)")
             if float(ratio) < 1.0:
                 raise _bad("speed_hint", self.speed_hint,
                            f"ratio={ratio} must be >= 1 (how many times faster the other ranks are than slow_rank); "

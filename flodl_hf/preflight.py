@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 __all__ = ["check_model_dir", "label_map_problem", "classifier_trained", "check_devices", "check_disk_space",
-           "check_texts", "WEIGHT_FILES", "TOKENIZER_FILES"]
+           "check_texts", "WEIGHT_FILES", "TOKENIZER_FILES", "TASK_LAYERS", "task_layer_trained", "check_task_layer",
+           "require_regular_file", "safetensors_problem"]
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -46,6 +47,7 @@ def check_model_dir(path: Any, option: str = "--model", tokenizer: bool = True,
         raise ValueError(f"{option} {model} is a file, not a model directory: give the directory that holds "
                          f"config.json with {option}")
     config_path = model / "config.json"
+    require_regular_file(config_path, option, missing_ok=True)
     if not config_path.is_file():
         raise ValueError(f"{model} is not a model directory (no config.json): give a directory written by "
                          f"save_pretrained or flodl-hf with {option}")
@@ -57,12 +59,19 @@ def check_model_dir(path: Any, option: str = "--model", tokenizer: bool = True,
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         raise ValueError(f"{config_path} names no model_type: re-save the model with save_pretrained, or give "
                          f"another directory with {option}")
+    for name in (*WEIGHT_FILES, *TOKENIZER_FILES, "config.json"):
+        require_regular_file(model / name, option, missing_ok=True)
     if not any((model / name).is_file() for name in WEIGHT_FILES):
         raise ValueError(f"no weights file in {str(model)!r}: expected one of {', '.join(WEIGHT_FILES)}; give a "
                          f"complete model directory with {option}")
     if tokenizer and not any((model / name).is_file() for name in TOKENIZER_FILES):
         raise ValueError(f"{model} has no tokenizer files (tokenizer.json, vocab.txt, ...): copy the base model's "
                          f"tokenizer files into it, or give a complete model directory with {option}")
+    if (model / "model.safetensors").is_file():
+        problem = safetensors_problem(model / "model.safetensors")
+        if problem:
+            raise ValueError(f"{model / 'model.safetensors'} {problem}: re-download or re-save the checkpoint, or "
+                             f"give another directory with {option}")
     if labels or (labels is None and classifier_trained(model) is not False):
         problem = label_map_problem(config.get("id2label"))
         if problem:
@@ -70,6 +79,50 @@ def check_model_dir(path: Any, option: str = "--model", tokenizer: bool = True,
                              "cannot be named: give each id 0..n-1 one distinct name in id2label (and label2id), "
                              f"e.g. {{\"0\": \"neg\", \"1\": \"pos\"}}, or give another directory with {option}")
     return model
+
+
+def require_regular_file(path: Any, option: str, missing_ok: bool = False) -> None:
+    """Refuse an input that exists but is not a regular file (a FIFO, a socket, a device) before it is opened:
+    reading one blocks or never ends."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if missing_ok:
+            return
+        raise
+    except OSError:
+        return  # unreadable: the reader names it
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise ValueError(f"{option}: {path} is not a regular file (a FIFO, socket or device), which could block "
+                         f"forever or change while read: give a regular file with {option}")
+
+
+def safetensors_problem(path: Path) -> Optional[str]:
+    """What is wrong with a safetensors file's framing (None: its header parses and its tensors fill the file
+    exactly): a truncated download or copy is caught here, in one line, before any loader sees it."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                return f"is corrupt or truncated ({size} bytes, not even a header)"
+            (length,) = struct.unpack("<Q", head)
+            if length > min(size - 8, 100_000_000):
+                return f"is corrupt or truncated ({size} bytes; its header claims {length} bytes of header)"
+            header = json.loads(fh.read(length))
+    except (OSError, ValueError, struct.error) as exc:
+        return f"is corrupt or truncated (unreadable header: {type(exc).__name__})"
+    if not isinstance(header, dict):
+        return "is damaged (its header is not an object)"
+    ends = [info.get("data_offsets", [0, 0])[1] for key, info in header.items()
+            if key != "__metadata__" and isinstance(info, dict) and isinstance(info.get("data_offsets"), list)
+            and len(info["data_offsets"]) == 2]
+    expected = 8 + length + max((int(e) for e in ends if isinstance(e, int)), default=0)
+    if expected != size:
+        return f"is corrupt or truncated: {size} bytes where its header describes {expected}"
+    return None
 
 
 def label_map_problem(id2label: Any) -> Optional[str]:
@@ -118,6 +171,47 @@ def classifier_trained(path: Any) -> Optional[bool]:
     if keys is None:
         return None
     return any(k.startswith("classifier.") or ".classifier." in k or k.startswith("score.") for k in keys)
+
+
+#: Where each task's own layer lives in a transformers state dict (key prefixes, also after a ``<base>.`` prefix).
+TASK_LAYERS = {
+    "text-classification": ("classifier.", "score."),
+    "token-classification": ("classifier.", "score."),
+    "question-answering": ("qa_outputs.",),
+    "fill-mask": ("cls.predictions.", "lm_head.", "predictions.", "lm_predictions.", "vocab_transform.",
+                  "vocab_projector.", "vocab_layer_norm."),
+}
+
+
+def _weight_keys(model: Path) -> Optional[list[str]]:
+    if (model / "model.safetensors").is_file():
+        return _safetensors_keys(model / "model.safetensors")
+    if (model / "model.safetensors.index.json").is_file():
+        try:
+            return list(json.loads((model / "model.safetensors.index.json").read_text())["weight_map"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    return None
+
+
+def task_layer_trained(path: Any, task: str) -> Optional[bool]:
+    """Whether the weights of ``path`` hold ``task``'s own layer (None: cannot tell without loading them)."""
+    keys = _weight_keys(Path(path))
+    if keys is None:
+        return None
+    prefixes = TASK_LAYERS[task]
+    return any(k.startswith(prefixes) or any(f".{p}" in k for p in prefixes) for k in keys)
+
+
+def check_task_layer(path: Any, task: str, command: str, option: str = "--model") -> None:
+    """Refuse a model directory whose weights lack ``task``'s own layer (every output of it would be random): the
+    rule text classification's :func:`check_trained` applies, for every task and command."""
+    if task_layer_trained(path, task) is False:
+        layer = "*, ".join(TASK_LAYERS[task][:2]) + "*"
+        other = f"with {option}" if option.startswith("--") else f"as {option}"
+        raise ValueError(f"{path} has no trained {task} layer (its weights hold no {layer}), so what {command} "
+                         f"would print or write is random: fine-tune it first with `flodl-hf train --task {task}`, "
+                         f"or give a trained {task} model {other}")
 
 
 def check_trained(path: Any, allow_untrained: bool, command: str) -> None:

@@ -70,6 +70,9 @@ def _columns(args: argparse.Namespace) -> list:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """``flodl-hf eval``; the exit code."""
+    from ..preflight import require_regular_file
+
+    require_regular_file(args.data, "--data", missing_ok=True)  # a FIFO would block the reader for ever
     task = route(args, "eval")
     if task == TEXT_CLASSIFICATION:
         return _eval_classes(args)
@@ -126,13 +129,17 @@ def _eval_task(args: argparse.Namespace, task: str) -> int:
     from ..job.tasks import get_task
     from ..job.tasks.base import scalar_scores
 
+    from ..preflight import check_task_layer
+
     plugin = get_task(task)
     refuse_options(args, task, "eval")
+    check_task_layer(args.model, task, "eval")
     if args.json:
         writable_parent(args.json, "--json")
         check_output_file(args.json, "--json", inputs=[args.data, args.model])
     head = load_head(args.model, task)
     rows = _eval_rows(args, plugin, head)
+    plugin.check_rows(head, [rows], "eval")  # every row, before scoring any
     summary = plugin.score(head, rows, args.batch_size, progress=not args.no_progress)
     print(f"{plugin.headline(summary)} rows={len(rows)} task={task} model={args.model} data={args.data}")
     if args.json:

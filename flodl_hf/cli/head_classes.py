@@ -9,6 +9,7 @@ early refusals cost no import.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -53,4 +54,15 @@ def load_head(path: Any, task: str = TEXT_CLASSIFICATION, cls: Any = None) -> An
     """The head of ``task`` (of class ``cls``, default the task's auto class) in a trained directory its caller
     already checked (``preflight.check_model_dir``), with the ``max_length`` it trained with."""
     cls = head_class(task) if cls is None else cls
-    return cls.from_pretrained(str(path), **trained_settings(Path(path)))
+    try:
+        return cls.from_pretrained(str(path), **trained_settings(Path(path)))
+    except ValueError as exc:
+        message = str(exc)
+        if "num_labels" not in message and "labels=" not in message:
+            raise
+        # the loader's fix names its Python arguments, which no command passes: the directory itself is damaged
+        problem = message.split(". Drop", 1)[0].split(": drop", 1)[0]
+        problem = re.sub(r"num_labels=(\d+) disagrees", r"the \1 outputs its head needs disagree", problem)
+        raise ValueError(f"{path} is damaged ({problem}): save the model again, or give another model "
+                         "directory") from None
+

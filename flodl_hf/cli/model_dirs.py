@@ -36,6 +36,24 @@ def verify(path: str, as_json: bool = False) -> int:
     return 0 if report.ok else 1
 
 
+def _check_task_layer(path: str, task: str, command: str, option: str) -> None:
+    """A directory whose config.json names a task head but whose weights lack that head's layer is refused (a base
+    model, naming no task, is verified as a text classifier and reported there). ``verify`` of weights that hold
+    another task's layer reports both key sets instead (architectures that disagree with the weights, exit 1)."""
+    from ..export.tasks import TASKS, task_of_model_dir
+    from ..preflight import check_task_layer, task_layer_trained
+
+    try:
+        named, _ = task_of_model_dir(path)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return
+    if named is None:
+        return
+    if command == "verify" and any(task_layer_trained(path, other) for other in TASKS if other != task):
+        return
+    check_task_layer(path, task, command, option)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """``flodl-hf export``: re-save HF-canonically, then verify."""
     from ..export import export_model_dir
@@ -45,6 +63,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     check_model_dir(args.model, tokenizer=args.tokenizer is None)
     task = verified_task(args.model)
+    _check_task_layer(args.model, task, "export", "--model")
     if args.tokenizer is not None:
         check_model_dir(args.tokenizer, "--tokenizer", tokenizer=False)
     writable_parent(args.output, "--output")
@@ -62,7 +81,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from ..preflight import check_model_dir
 
     check_model_dir(args.model, "DIR", tokenizer=False)  # a missing tokenizer is a verify finding, not bad input
-    verified_task(args.model)
+    _check_task_layer(args.model, verified_task(args.model), "verify", "DIR")
     return verify(args.model, args.json)
 
 

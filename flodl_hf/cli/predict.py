@@ -78,13 +78,21 @@ def _entity_text(entity: dict) -> str:
 
 def _predict_task(args: argparse.Namespace, task: str) -> int:
     """``flodl-hf predict`` of a token-classification, QA or fill-mask model."""
-    from ..preflight import check_texts
+    from ..preflight import check_task_layer, check_texts
 
     refuse_options(args, task, "predict")
     check_texts(args.texts)
+    check_task_layer(args.model, task, "predict")
     texts = list(args.texts)
     questions = _questions(args) if task == QUESTION_ANSWERING else None
     head = load_head(args.model, task)
+    if questions is not None:
+        from ..job.tasks.question_answering import window_problem
+
+        found = window_problem(head, questions, texts)
+        if found is not None:
+            raise ValueError(f"--question {questions[found[0]]!r:.60} with TEXT {found[0] + 1}: {found[1]}: give a "
+                             "shorter --question")
     if task == TOKEN_CLASSIFICATION:
         results: list = head.tag(texts)
         lines = ["  ".join(_entity_text(e) for e in found) or "(no entity)" for found in results]

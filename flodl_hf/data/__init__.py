@@ -64,7 +64,7 @@ class TextDataset:
         self.texts: list[str] = _strings(texts, "text", source)
         self.text_pairs: Optional[list[str]] = None if text_pairs is None else _strings(text_pairs, "second text",
                                                                                           source)
-        self.labels: list[str] = [str(label) for label in labels]
+        self.labels: list[str] = _label_names(labels, self.problem_type)
         self.source = source
         #: Rows skipped because their text was empty or missing.
         self.dropped = dropped
@@ -191,6 +191,21 @@ def _id_set(ids: Any, row: int, source: str) -> list[Any]:
 
 
 # --- loading -------------------------------------------------------------------------------------------------------
+
+def _label_names(labels: Any, problem_type: str) -> list[str]:
+    """``TextDataset``'s ``labels``, checked: a list of distinct names (one string would be split into letters)."""
+    if isinstance(labels, (str, bytes)) or not hasattr(labels, "__iter__"):
+        kind = "string" if isinstance(labels, (str, bytes)) else type(labels).__name__
+        raise ValueError(f"TextDataset labels={labels!r:.60} is one {kind}: pass a list of label names, e.g. "
+                         "['neg', 'pos']")
+    names = [str(label) for label in labels]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"TextDataset labels {names!r:.80} repeat {repeated!r:.40}: give each label name once")
+    if problem_type == "regression" and names:
+        raise ValueError(f"TextDataset labels {names!r:.80} name classes, but a regression has none: pass labels=[]")
+    return names
+
 
 def _is_nan(label: Any) -> bool:
     if isinstance(label, float):

@@ -13,16 +13,26 @@ each bad row named (file, row, the fix), and hand the head ``(words, tag names)`
 Tag names: ``labels`` (``--labels``, or a trained model's labels) fixes them and their order, and a tag outside it
 is refused naming the row; without it the names are the data's, ``O`` first and the others sorted. A row with no
 word is dropped (counted in ``Rows.dropped``); a row whose tag count differs from its word count is refused.
+
+The IOB2 rule (:func:`check_iob_spelling`), on every path that reads tags (train, ``--eval-data``, ``eval``): tags
+*look IOB* when one of them (or of ``--labels``) is a ``B`` or an ``I``, in either case, then a hyphen or an
+underscore and a type (``B-PER``, ``i_per``). Then every tag must be ``O``,
+``B-TYPE`` or ``I-TYPE`` exactly: the prefix a capital ``B`` or ``I``, a hyphen, a type of no whitespace. Anything
+else (``B_POS``, ``b-pos``, ``X-POS``, ``S-POS``, ``o``, ``B-``) is refused naming the first row that holds it,
+rather than becoming one more class that silently removes entity scores from the whole run. Tags that do not look
+IOB at all (part-of-speech tags such as ``NN``, ``ADJ``) are accepted and scored by word accuracy.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from .rows import Rows
 
-__all__ = ["load_token_data", "read_conll", "CONLL_SUFFIXES", "WORD_COLUMNS", "TAG_COLUMNS", "order_tags"]
+__all__ = ["load_token_data", "read_conll", "CONLL_SUFFIXES", "WORD_COLUMNS", "TAG_COLUMNS", "order_tags",
+           "check_iob_spelling", "iob_spelling_fix"]
 
 CONLL_SUFFIXES = (".conll", ".iob", ".iob2", ".bio", ".txt")
 WORD_COLUMNS = ("words", "tokens")
@@ -33,6 +43,55 @@ def order_tags(names: Sequence[str]) -> list[str]:
     """``O`` first, then the other tag names sorted (so B-X sits before I-X)."""
     distinct = sorted(set(names))
     return (["O"] if "O" in distinct else []) + [n for n in distinct if n != "O"]
+
+
+_IOB = re.compile(r"[BI]-\S+")
+_IOB_LIKE = re.compile(r"([BbIiEeSsLlUu])[-_.](\S*)")
+
+
+_IOB_ANY = re.compile(r"[BbIi][-_]\S+")
+
+
+def _looks_iob(tag: str) -> bool:
+    return _IOB.fullmatch(tag) is not None
+
+
+def iob_spelling_fix(tag: str, spelt: Optional[dict] = None) -> Optional[str]:
+    """None when ``tag`` is spelt as IOB2 (``O``, ``B-TYPE``, ``I-TYPE``), else what to write instead (``spelt``:
+    well-spelt tags by their lower case, preferred as the fix)."""
+    if tag == "O" or _looks_iob(tag):
+        return None
+    if tag.strip().upper() == "O":
+        return "O"
+    found = _IOB_LIKE.fullmatch(tag.strip())
+    if found and found.group(2) and found.group(1) in "BbIi":
+        wanted = f"{found.group(1).upper()}-{found.group(2)}"
+        return (spelt or {}).get(wanted.lower(), wanted)
+    if found and found.group(2):
+        kind = found.group(2)
+        return f"B-{kind} or I-{kind} (IOB2; convert IOBES: S-X to B-X, E-X and L-X to I-X)"
+    return "O, B-TYPE or I-TYPE"
+
+
+def check_iob_spelling(first_rows: dict, name: str, given: Optional[Sequence[str]] = None,
+                       known: str = "--labels") -> None:
+    """Refuse tags that break the IOB2 rule (see the module docstring). ``first_rows``: tag -> the first row
+    (1-based) holding it; ``given``: tag names the user typed (``known``), checked by the same rule."""
+    names = list(given or ())
+    if not any(_IOB_ANY.fullmatch(str(t)) for t in [*first_rows, *names]):
+        return
+    spelt = {str(t).lower(): str(t) for t in [*first_rows, *names] if _looks_iob(str(t))}
+    for tag, row_no in sorted(first_rows.items(), key=lambda item: item[1]):
+        fix = iob_spelling_fix(str(tag), spelt)
+        if fix is not None:
+            raise ValueError(f"{name}: the tags look IOB, but row {row_no} has the tag {tag!r:.40}, which is not "
+                             f"IOB2 (O, B-TYPE or I-TYPE: a capital B or I, a hyphen, the type): write it as {fix}, "
+                             "or fix the data")
+    for tag in names:
+        fix = iob_spelling_fix(tag, spelt)
+        if fix is not None:
+            raise ValueError(f"the tags look IOB, but {known} names the tag {tag!r:.40}, which is not IOB2 (O, "
+                             f"B-TYPE or I-TYPE: a capital B or I, a hyphen, the type): write it as {fix}")
 
 
 def read_conll(path: Union[str, Path], encoding: Optional[str] = None) -> list[tuple[list[str], list[str]]]:
@@ -135,22 +194,28 @@ def load_token_data(source: Union[str, Path], *, labels: Optional[Sequence[str]]
                                                                  prefer)
     id_names = given if given is not None else names
     items: list[tuple[list[str], list[str]]] = []
+    first_rows: dict[str, int] = {}
     dropped = 0
     for row_no, (words, tags) in enumerate(raw, start=1):
         _check_row(name, row_no, words, tags, words_col, tags_col)
         if not words:
             dropped += 1
             continue
-        items.append((list(words), [_tag_name(t, id_names, name, row_no) for t in tags]))
+        names_of_row = [_tag_name(t, id_names, name, row_no) for t in tags]
+        for tag in names_of_row:
+            first_rows.setdefault(tag, row_no)
+        items.append((list(words), names_of_row))
     if not items:
         raise ValueError(f"{name} has no sentence with words: give at least one row of words and tags")
+    check_iob_spelling(first_rows, name, given if known == "--labels" else None, known)
     seen = order_tags([t for _, tags in items for t in tags])
     if given is not None:
         unknown = [t for t in seen if t not in given]
         if unknown:
             row_no = next(i for i, (_, tags) in enumerate(items, start=1) if unknown[0] in tags)
+            fix = "add them to --labels, or fix the data" if known == "--labels" else "fix the data"
             raise ValueError(f"{name}: tag(s) {', '.join(unknown)} (first in sentence {row_no}) are not among "
-                             f"{known} ({','.join(given)}): add them to --labels, or fix the data")
+                             f"{known} ({','.join(given)}): {fix}")
         tag_names = given
     elif names is not None:
         tag_names = list(names)

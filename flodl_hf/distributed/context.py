@@ -24,8 +24,8 @@ from ..config import DdpConfig
 from . import launch
 from .errors import DistributedError
 
-__all__ = ["DistContext", "init_context", "shutdown", "current_context", "DistributedError", "side_group",
-           "missing_ranks"]
+__all__ = ["DistContext", "init_context", "shutdown", "shutdown_at_exit", "current_context", "DistributedError",
+           "side_group", "missing_ranks"]
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def init_context(config: DdpConfig) -> DistContext:
                 ctx = _join_launched(config)
         _CONTEXT = ctx
         if ctx.is_distributed:
-            atexit.register(shutdown)
+            atexit.register(shutdown_at_exit)
         return ctx
 
 
@@ -205,8 +205,27 @@ def shutdown() -> None:
     _SIDE_GROUP = None
     launch.reap_children()
     if failure is not None:
-        print(f"flodl-hf: error: {failure}", file=sys.stderr)
+        if not isinstance(failure, KeyboardInterrupt):
+            print(f"flodl-hf: error: {failure}", file=sys.stderr)
         raise failure
+
+
+def shutdown_at_exit() -> None:
+    """:func:`shutdown` as the exit hook: a Ctrl-C while the ranks tear down, or a failure already reported by
+    ``shutdown``, ends in one line, never in the interpreter's atexit traceback; the child ranks are reaped
+    whatever happened (each step of the teardown is bounded by the group's timeout)."""
+    try:
+        shutdown()
+    except KeyboardInterrupt:
+        print("flodl-hf: interrupted while shutting down", file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - shutdown() printed it in one line
+        pass
+    else:
+        return
+    try:
+        launch.reap_children()
+    except BaseException:  # noqa: BLE001 - a second Ctrl-C: exit now
+        pass
 
 
 def side_group() -> Any:

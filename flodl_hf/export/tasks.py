@@ -41,7 +41,10 @@ def task_of_config(config: dict) -> Optional[str]:
 
 def task_of_model_dir(path: Any) -> tuple[Optional[str], list]:
     """``(task, architectures)`` of a model directory (its ``config.json``; call ``check_model_dir`` first)."""
-    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    target = Path(path) / "config.json"
+    if not target.is_file():  # missing, or a FIFO / device that would block the read: check_model_dir names it
+        raise ValueError(f"{target} is not a regular file")
+    config = json.loads(target.read_text(encoding="utf-8"))
     return task_of_config(config), list(config.get("architectures") or [])
 
 

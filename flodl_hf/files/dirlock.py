@@ -24,6 +24,7 @@ import atexit
 import json
 import os
 import socket
+import stat
 import sys
 import tempfile
 from datetime import datetime, timezone
@@ -141,12 +142,16 @@ def _take(target: Path, what: str, fix: str) -> Optional[int]:
         if fd is not None:
             return fd
         try:
-            fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
             continue  # released meanwhile: try again
         except OSError:
             raise CheckpointLockedError(f"lock file {path} of {what} {target} cannot be opened (not a regular "
                                         f"file?): move it away, or {fix}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device would block every read of its holder
+            os.close(fd)
+            raise CheckpointLockedError(f"lock file {path} of {what} {target} is not a regular file (a FIFO, socket "
+                                        f"or device): move it away, or {fix}")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

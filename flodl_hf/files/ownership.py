@@ -184,6 +184,9 @@ def check_output_file(path: PathLike, option: str, inputs: Sequence[PathLike] = 
                              f"file with {option}")
     if path.is_dir():
         raise ValueError(f"{option} {path} is a directory: give a file name with {option}")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{option} {path} exists and is not a regular file (a FIFO, socket or device): choose a new "
+                         f"file name with {option}")
     if path.is_symlink() or (path.exists() and not owned_json(path)):
         raise ValueError(f"{option} {path} already exists and is not an earlier flodl-hf result of this kind: "
                          f"choose a new file name with {option} (flodl-hf never replaces other files)")
@@ -306,6 +309,12 @@ def writable_parent(path: PathLike, option: str) -> None:
     if len(encoded) > 255:
         raise ValueError(f"{option} name is {len(encoded)} bytes long, over the 255 this filesystem allows: "
                          f"choose a shorter {option}")
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes from the shell: every file that records the path would fail
+        shown = os.fsencode(str(path))
+        raise ValueError(f"{option} {shown!r} is not valid UTF-8, and the run records it (metrics.json, the model "
+                         f"card): choose a name in UTF-8 with {option}") from None
     if "\x00" in str(path):
         raise ValueError(f"{option} {path!r} contains a NUL character: choose another {option}")
     parent = path.absolute().parent

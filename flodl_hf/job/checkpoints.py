@@ -16,6 +16,8 @@ rules about the checkpoint directory, kept apart from the engine's file format (
   through which model. Resuming with any of them changed is refused with one
   :class:`~flodl_hf.checkpoint.graph_state.ResumeError` line naming the setting, both values and the fix. The learning rate
   may change on resume (e.g. lower it after a divergence); the output directory and reporting options too.
+  The plan also records the SHA-256 of the data, the model and the other settings (``flodl_hf.job.fingerprints``):
+  a resume on inputs whose content changed, under the same name and size, is refused naming what changed.
 - The device count may change (elastic resume, ``flodl_hf.checkpoint.elastic``): ``--devices`` with another number
   of devices continues the epoch at the same sample, and the LR schedule keeps the run's sample position: its
   clock covers what remained of it in the micro-steps that remain on the new devices
@@ -136,7 +138,11 @@ def check_plan(saved: dict, current: dict, directory: Any) -> None:
         raise ResumeError(f"cannot resume from {directory}: it was written by an earlier flodl-hf, whose LR "
                           "schedule, weight decay and clipping were not Trainer's; finish it with that version, or "
                           "start afresh without --resume")
+    from .fingerprints import named_by_content
+
     for key, flag in PLAN_FLAGS.items():  # the device count is not one of them: it may change (elastic resume)
+        if named_by_content(saved, current, key):
+            continue  # an input whose content both plans record: the content decides (flodl_hf.job.fingerprints)
         was, now = saved.get(key), current.get(key)
         if key == "group_by_length":  # absent: written before length grouping existed (plain shuffled batches)
             was, now = bool(was), bool(now)

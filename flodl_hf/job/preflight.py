@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..preflight import check_devices, check_disk_space, check_model_dir, classifier_trained, model_labels
+from ..preflight import (check_devices, check_disk_space, check_model_dir, classifier_trained, model_labels,
+                         require_regular_file)
 
 __all__ = ["check_train", "check_label_order", "is_main_process"]
 
@@ -55,6 +56,10 @@ def check_train(settings: Any, sources: Any) -> Path:
         if not looks_like_hub_id(settings.eval_data):
             raise FileNotFoundError(f"--eval-data {settings.eval_data}: no such file or directory: give an "
                                     "existing file, a saved datasets directory or a Hub dataset id")
+    for option, source in (("--data", None if sources.packaged_data else sources.data_path),
+                           ("--eval-data", settings.eval_data)):
+        if source is not None:
+            require_regular_file(source, option, missing_ok=True)  # a FIFO would block the reader for ever
     check_devices(settings.devices)
     check_disk_space(Path(sources.model_path), [("--output-dir", output), ("--checkpoint-dir", checkpoint_dir)],
                      checkpoints=settings.checkpoint_every is not None)

@@ -171,8 +171,10 @@ def _run(settings: TrainSettings, task: Task, head_cls: Any, sources: Sources, s
     plan = job_plan(settings, sources, train_rows.labels, len(settings.devices) if settings.devices else None)
     plan["lr"] = settings.lr
     plan.update(task.plan_extras())
+    _record_contents(plan, settings, sources)
     if saved is not None:
         check_plan(saved["plan"], plan, settings.resume)  # before loading the model
+        _check_contents(saved["plan"], plan, settings, sources)
         was = saved["plan"].get("task", "text-classification")
         if was != task.name:
             raise ResumeError(f"cannot resume from {settings.resume}: it was written with --task {was} but this "
@@ -188,6 +190,7 @@ def _run(settings: TrainSettings, task: Task, head_cls: Any, sources: Sources, s
     head = head_cls.from_pretrained(str(sources.model_path), max_length=settings.max_length,
                                     **task.head_kwargs(settings, train_rows))
     task.check_head(head, settings)
+    task.check_rows(head, [train_rows, eval_rows])  # every row, before the first step
     config, num_labels = head.config(), task.num_labels(head)
     lr, weight_decay, built = settings.lr, settings.weight_decay, []
 
@@ -217,6 +220,22 @@ def _run(settings: TrainSettings, task: Task, head_cls: Any, sources: Sources, s
     finally:
         if main:
             ownership.release_if_empty(checkpoint_dir)  # a marker alone (nothing saved) is not left behind
+
+
+def _record_contents(plan: dict, settings: TrainSettings, sources: Sources) -> None:
+    """SHA-256 of the data, the model and the settings a resume must repeat, in the plan (``fingerprints``)."""
+    from .checkpoints import PLAN_FLAGS
+    from .fingerprints import FINGERPRINT_KEY, fingerprints
+
+    plan[FINGERPRINT_KEY] = fingerprints(settings, sources, compared_elsewhere=PLAN_FLAGS)
+
+
+def _check_contents(saved: dict, plan: dict, settings: TrainSettings, sources: Sources) -> None:
+    from .fingerprints import check_fingerprints
+
+    shown = {"--model": sources.model_path, "--data": sources.hub_id or sources.data_path,
+             "--eval-data": settings.eval_data}
+    check_fingerprints(saved, plan, settings.resume, shown)
 
 
 def _train_and_write(settings: TrainSettings, task: Task, sources: Sources, head: Any, graph: Any, state: Any,

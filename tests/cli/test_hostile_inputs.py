@@ -13,10 +13,12 @@ label values, SIGTERM, stale temporary files, and a full disk.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -25,13 +27,15 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from hostile_cases import CASES
+from hostile_cases import CASES as FIRST_CASES
+from hostile_round3 import CASES3
 from tiny_models import make_checkpoint, toy_task
 
 from flodl_hf import cli
 from flodl_hf.data import load_text_classification
 
 ROOT = Path(__file__).resolve().parents[2]
+CASES = FIRST_CASES + CASES3
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), FLODL_HF_NO_LAUNCH="1")
 
 
@@ -44,6 +48,8 @@ def listing(root: Path) -> dict:
             out[rel] = "link:" + os.readlink(path)
         elif path.is_dir():
             out[rel] = "dir"
+        elif not path.is_file():  # a FIFO or socket a case planted: never opened (it would block)
+            out[rel] = "special"
         else:
             out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
@@ -56,6 +62,46 @@ def run(argv, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
 
 def error_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("flodl-hf: error: ")]
+
+
+OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+COMMAND = re.compile(r"flodl-hf (train|predict|eval|export|verify|convert-checkpoint)\b")
+#: Python-API argument names a command-line user cannot pass (rule 4: the fix names the command's options).
+API_WORDS = re.compile(r"\b(doc_stride|num_labels|problem_type=|max_length=|labels=|text_pair_column=)")
+
+
+@functools.lru_cache(maxsize=1)
+def command_options() -> dict:
+    """Every option of each ``flodl-hf`` command, from the parser."""
+    from flodl_hf.cli.parser import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    return {name: {o for action in p._actions for o in action.option_strings} for name, p in sub.choices.items()}
+
+
+def named_options(command: str, line: str) -> list[tuple[str, str]]:
+    """``(command, option)`` for each option a message names: options after ``flodl-hf CMD`` (up to the next ``;``,
+    ``:``, ``,``, a backtick or a closing parenthesis) belong to CMD, the others to the command that was run."""
+    found, at = [], 0
+    for match in COMMAND.finditer(line):
+        found += [(command, o) for o in OPTION.findall(line[at:match.start()])]
+        rest = line[match.end():]
+        stop = re.search(r"[;:,`)]", rest)
+        end = match.end() + (stop.start() if stop else len(rest))
+        found += [(match.group(1), o) for o in OPTION.findall(line[match.end():end])]
+        at = end
+    return found + [(command, o) for o in OPTION.findall(line[at:])]
+
+
+def check_fix_options(command: str, line: str) -> None:
+    """Rule 4: an error names only options the command it attributes them to has, and no Python argument."""
+    options = command_options()
+    if command not in options:
+        return
+    wrong = [(c, o) for c, o in named_options(command, line) if o not in options[c]]
+    assert not wrong, (wrong, line)
+    assert not API_WORDS.search(line), line
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +131,7 @@ def test_the_table_is_large_and_distinct():
     assert len(ids) == len(set(ids)), sorted({i for i in ids if ids.count(i) > 1})
     assert len(ids) >= 120, len(ids)
     page = (ROOT / "docs" / "bad-input.md").read_text(encoding="utf-8")
-    assert f"`tests/hostile_cases.py`, {len(ids)} cases" in page  # docs/bad-input.md's count stays true
+    assert f"`tests/hostile_round3.py`), {len(ids)} cases" in page  # docs/bad-input.md's count stays true
 
 
 @pytest.mark.slow
@@ -110,6 +156,7 @@ def test_hostile_input(case, shared, tmp_path):
         assert len(errors) == 1, err[-2000:]
         for needle in case.needles:
             assert needle in errors[0], (needle, errors[0])
+        check_fix_options(case.argv[0], errors[0])
     else:
         assert not errors, err[-2000:]
     after = listing(work)

@@ -37,9 +37,9 @@ def scalar_scores(summary: dict) -> dict:
 class Task:
     """A task of the job. Subclasses set the class attributes and implement the data, scoring and report hooks;
     the job calls them in this order: settings checks, :meth:`columns`, :meth:`load`, :meth:`check_data`, the
-    shared split, :meth:`check_split`, :meth:`head_kwargs`, :meth:`check_head`, :meth:`lengths`,
-    :meth:`describe`, :meth:`score` (periodic, final and, with ``scores_before_training``, before training),
-    :meth:`build_metrics`, :meth:`write_card`, :meth:`result_note`."""
+    shared split, :meth:`check_split`, :meth:`head_kwargs`, :meth:`check_head`, :meth:`check_rows`,
+    :meth:`lengths`, :meth:`describe`, :meth:`score` (periodic, final and, with ``scores_before_training``, before
+    training), :meth:`build_metrics`, :meth:`write_card`, :meth:`result_note`."""
 
     name: str = ""
     #: The held-out metrics ``--metric-for-best`` may name.
@@ -105,6 +105,10 @@ class Task:
 
     def check_head(self, head: Any, settings: Any) -> None:
         """Refuse a loaded head that cannot train what the settings ask."""
+
+    def check_rows(self, head: Any, rows: Sequence[Any], command: str = "train") -> None:
+        """Refuse rows the loaded head cannot train or score, every row, before the first step (``rows``: the
+        training and held-out data; ``command`` words the fix with that command's options)."""
 
     def num_labels(self, head: Any) -> int:
         return int(head.num_labels)

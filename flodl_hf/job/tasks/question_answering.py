@@ -15,13 +15,37 @@ from ...metrics.squad import squad_scores
 from .base import refuse_unsupported
 from .rows_task import CLASSIFICATION_ONLY, EVAL_PAIRS, PREDICT_PAIRS, TAGS_ONLY, RowsTask, chunks, evaluating
 
-__all__ = ["QuestionAnswering", "TASK", "first_word_baseline"]
+__all__ = ["QuestionAnswering", "TASK", "first_word_baseline", "window_problem"]
 
 
 def first_word_baseline(rows: Any) -> dict:
     """Scores of answering every question with the first word of its context."""
     firsts = [(item["context"].split() or [""])[0] for item in rows.items]
     return squad_scores(firsts, [item["answers"]["text"] for item in rows.items])
+
+
+def window_problem(head: Any, questions: list, contexts: list) -> Optional[tuple[int, str, int]]:
+    """The first pair whose question leaves a window of ``head.max_length`` tokens no room for its context (or
+    less room than the overlap between windows, so a long context could never be covered): ``(index, the problem,
+    the max length that would hold it)``; None when every pair fits. Contexts are counted only where needed."""
+    tokenizer, length = head.tokenizer, int(head.max_length)
+    specials = int(tokenizer.num_special_tokens_to_add(pair=True))
+    stride = int(head.stride())
+    counts = [len(ids) for ids in tokenizer(list(questions), add_special_tokens=False)["input_ids"]]
+    for index, q in enumerate(counts):
+        room = length - q - specials
+        if room > stride:
+            continue
+        if room >= 1 and len(tokenizer(contexts[index], add_special_tokens=False)["input_ids"]) <= room:
+            continue  # the whole context fits in one window: no overlap needed
+        need = length
+        while need < 1 << 16 and need - q - specials <= min(need // 2, 128):
+            need += 1
+        what = (f"no context token fits beside its {q}-token question" if room < 1 else
+                f"its {q}-token question leaves {room} context tokens, no more than the {stride}-token overlap "
+                "between windows of a long context")
+        return index, f"in a window of {length} tokens {what}", need
+    return None
 
 
 class QuestionAnswering(RowsTask):
@@ -47,6 +71,19 @@ class QuestionAnswering(RowsTask):
         from ...data.qa import load_qa_data
 
         return load_qa_data(source, encoding=encoding, split=split, prefer=prefer)
+
+    def check_rows(self, head: Any, rows: Any, command: str = "train") -> None:
+        for part in rows:
+            found = window_problem(head, [item["question"] for item in part.items],
+                                   [item["context"] for item in part.items])
+            if found is not None:
+                index, problem, need = found
+                item = part.items[index]
+                named = f"question id {item['id']!r}" if item.get("id") else f"question {item['question']!r:.40}"
+                fixes = {"train": f"raise --max-length to at least {need}, or shorten the question",
+                         "eval": "shorten the question (the model keeps the window length it was trained with), "
+                                 "or evaluate a model trained with longer windows"}
+                raise ValueError(f"{part.source}: {named}: {problem}: {fixes.get(command, fixes['eval'])}")
 
     def score(self, head: Any, rows: Any, batch_size: int = 64, progress: bool = False, seed: int = 0) -> dict:
         with evaluating(head):

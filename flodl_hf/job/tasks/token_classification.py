@@ -39,6 +39,40 @@ class TokenClassification(RowsTask):
     def eval_labels(self, head: Any) -> Optional[list]:
         return [str(label) for label in head.labels()]
 
+    def check_data(self, settings: Any, sources: Any, dataset: Any) -> None:
+        tags = list(dataset.labels)
+        if len(tags) < 2:
+            given = settings.labels is not None
+            raise ValueError(f"{'--labels names' if given else f'{dataset.source} holds'} a single tag {tags}: "
+                             "token classification needs at least 2 tags, e.g. O and B-PER: "
+                             + ("name every tag with --labels, e.g. --labels O,B-PER,I-PER" if given else
+                                "give data with tagged words, or name every tag with --labels"))
+        if not sources.packaged_model:
+            from ...export.tasks import TOKEN_CLASSIFICATION, task_of_model_dir
+            from ..preflight import check_label_order
+
+            try:
+                found, _ = task_of_model_dir(sources.model_path)
+            except (OSError, ValueError, AttributeError, TypeError):
+                found = None
+            if found == TOKEN_CLASSIFICATION:  # a trained tagger: its tags, in its order, or a fresh base model
+                self._check_trained_tags(sources.model_path, tags)
+                check_label_order(sources.model_path, tags, settings.labels is not None)
+
+    @staticmethod
+    def _check_trained_tags(model: Any, tags: list) -> None:
+        """A trained tagger's classifier rows mean its own tags: data with other tag names would rename them."""
+        from ...preflight import classifier_trained, model_labels
+
+        names = model_labels(model)
+        if not names or classifier_trained(model) is not True or all(n == f"LABEL_{i}" for i, n in enumerate(names)):
+            return
+        lacking = [t for t in tags if t not in names]
+        if lacking and len(names) == len(tags):
+            raise ValueError(f"the model's trained tags ({','.join(names)}) lack {', '.join(lacking)}, so each of "
+                             "its outputs would be renamed: fine-tune from the base model it came from (--model), or "
+                             f"give data with its tags (--labels {','.join(names)})")
+
     def check_split(self, settings: Any, train: Any) -> None:
         metric = settings.best_metric
         if settings.eval_every and metric in ("f1", "precision", "recall") and not is_iob_tagset(train.labels):
