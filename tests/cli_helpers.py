@@ -1,8 +1,39 @@
-"""What CLI tests check of a refused ``flodl-hf`` command, in one place (test helper only)."""
+"""What CLI tests share (test helper only): the check of a refused ``flodl-hf`` command, fast training options, the
+toy CSV and the environment of a ``python -m flodl_hf`` subprocess."""
 
 from __future__ import annotations
 
+import csv
+import os
 import subprocess
+from pathlib import Path
+
+from tiny_models import toy_task
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Options that train the tiny BERT on the toy task in seconds.
+FAST = ["--batch-size", "16", "--epochs", "3", "--lr", "2e-3", "--max-length", "16", "--eval-rows", "40",
+        "--no-progress"]
+
+
+def write_toy_csv(path: Path, n: int, seed: int = 0) -> Path:
+    """``n`` rows of the toy sentiment task as a CSV with ``review`` / ``sentiment`` columns."""
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["review", "sentiment"])
+        for text, label in toy_task(n, seed=seed):
+            writer.writerow([text, "positive" if label else "negative"])
+    return path
+
+
+def cli_env() -> dict:
+    """The environment of a ``python -m flodl_hf`` subprocess: this checkout first, one thread, no launcher."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    return env
 
 
 def one_error(result: subprocess.CompletedProcess) -> str:

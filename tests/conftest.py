@@ -46,3 +46,16 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def single_thread_module() -> Iterator[None]:
+    """One torch intra-op thread for a whole module (restored afterwards): tiny models run fastest on one thread,
+    and much faster than on two when other jobs share the cores. Opt in per module with
+    ``pytestmark = pytest.mark.usefixtures("single_thread_module")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from hostile_cases import Case, jsonl, many, model_copy, text
-from task_cli_helpers import qa_rows, texts, token_rows, write_conll, write_jsonl, write_squad
+from task_cli_helpers import qa_rows, texts, token_rows, write_conll, write_jsonl
 from tiny_models import toy_task
 
 __all__ = ["CASES3"]

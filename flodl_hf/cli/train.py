@@ -17,7 +17,7 @@ from ..export.tasks import TEXT_CLASSIFICATION
 from .head_classes import LazyHeadClass
 from .parser import PROG
 
-__all__ = ["settings_from_args", "task_settings", "run_train", "resume_command", "cmd_train"]
+__all__ = ["settings_from_args", "run_train", "resume_command", "cmd_train"]
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
@@ -46,8 +46,6 @@ def settings_from_args(args: argparse.Namespace) -> Any:
                          max_micro_batch=args.max_micro_batch)
 
 
-#: The settings of a ``train --task X`` command: the same translation for every task.
-task_settings = settings_from_args
 
 
 def run_train(args: Any) -> dict:

@@ -1,4 +1,5 @@
-"""The train / eval / predict job, one pipeline for every task, one concern per module.
+"""The train job, one pipeline for every task (eval and predict score through its task plug-ins), one concern per
+module.
 
 It exists so that the job's settings can be followed through its code in one place, apart from the engine
 (``Trainer``, ``Graph``, El Che, the builder): the engine never imports this package, nor do ``data``,

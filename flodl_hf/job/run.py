@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 from .settings import DEFAULT_EVAL_ROWS, PACKAGED_TRAIN_ROWS, TrainSettings
 from .tasks import Task, get_task
 
-__all__ = ["run_train", "run_task_train", "Sources", "resolve_sources", "split_rows"]
+__all__ = ["run_train", "Sources", "resolve_sources", "split_rows"]
 
 
 # --- resolution of defaults ---------------------------------------------------------------------------------
@@ -130,8 +130,6 @@ def run_train(settings: TrainSettings, head_cls: Any, *, log: Callable[[str], No
             lock.release()
 
 
-#: The name the job of the tasks beyond text classification had; the same job.
-run_task_train = run_train
 
 
 def _lock_directories(settings: TrainSettings, checkpoint_dir: Path) -> list:

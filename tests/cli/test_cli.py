@@ -3,44 +3,22 @@ result, one end-to-end ``python -m flodl_hf train`` subprocess, and one-line exi
 
 from __future__ import annotations
 
-import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from huggingface_hub import ModelCard
-from tiny_models import make_checkpoint, toy_task
+from cli_helpers import FAST, cli_env, write_toy_csv
+from tiny_models import make_checkpoint
 
 from flodl_hf import cli, defaults
 from flodl_hf.job.schedule import LinearSchedule
 from flodl_hf.job.settings import TrainSettings
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = ["--batch-size", "16", "--epochs", "3", "--lr", "2e-3", "--max-length", "16", "--eval-rows", "40",
-        "--no-progress"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread_module():
-    """Tiny models run fastest on one thread, and much faster than on two when other jobs share the cores."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def write_toy_csv(path: Path, n: int, seed: int = 0) -> Path:
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["review", "sentiment"])
-        for text, label in toy_task(n, seed=seed):
-            writer.writerow([text, "positive" if label else "negative"])
-    return path
+pytestmark = pytest.mark.usefixtures("single_thread_module")
 
 
 @pytest.fixture(scope="module")
@@ -276,13 +254,7 @@ def test_linear_schedule_follows_micro_batches():
 
 # --- end to end -------------------------------------------------------------------------------------------------
 
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    env.pop("RANK", None)
-    env.pop("WORLD_SIZE", None)
-    return env
+_env = cli_env
 
 
 @pytest.mark.slow

@@ -20,14 +20,7 @@ from flodl_hf import cli
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread_module():
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread_module")  # one torch thread
 
 
 def subprocess_env() -> dict:
@@ -256,8 +249,8 @@ def test_interrupted_task_run_resumes_exactly_with_periodic_evaluation(tiny_chec
     import heads
 
     from flodl_hf.job.loop import TrainingInterrupted
-    from flodl_hf.job.run import run_task_train
-    from flodl_hf.cli.train import task_settings
+    from flodl_hf.cli.train import settings_from_args
+    from flodl_hf.job.run import run_train
 
     argv = ["train", "--task", "token-classification", "--model", str(tiny_checkpoint("bert")), "--data",
             str(work / "tokens.jsonl"), "--epochs", "3", "--batch-size", "8", "--train-rows", "80", "--eval-rows",
@@ -277,7 +270,7 @@ def test_interrupted_task_run_resumes_exactly_with_periodic_evaluation(tiny_chec
             signal.raise_signal(signal.SIGINT)  # Ctrl-C right after the first checkpoint
 
     with pytest.raises(TrainingInterrupted) as stopped:
-        run_task_train(task_settings(args), heads.AutoHeadForTokenClassification, log=log)
+        run_train(settings_from_args(args), heads.AutoHeadForTokenClassification, log=log)
     checkpoint_dir = tmp_path / "out.checkpoint"
     assert stopped.value.step == 4 and (checkpoint_dir / "checkpoint.json").is_file() and not out.exists()
     assert cli.main([*argv, "--output-dir", str(out), "--resume", str(checkpoint_dir)]) == 0

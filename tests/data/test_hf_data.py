@@ -24,13 +24,13 @@ from flodl_hf.data import load_text_classification
 from flodl_hf.metrics.regression import pearson, spearman
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.usefixtures("single_thread_module")  # one torch thread
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), FLODL_HF_NO_LAUNCH="1", HF_HUB_OFFLINE="1",
            HF_DATASETS_OFFLINE="1")
 FAST = ["--batch-size", "16", "--epochs", "3", "--lr", "2e-3", "--max-length", "16", "--no-progress"]
 NAMES = ["neg", "pos"]
 
 
-from test_cli import single_thread_module  # noqa: E402,F401 - the same autouse fixture (one torch thread)
 
 
 def class_dataset(rows, names, ids_of=None) -> datasets.Dataset:

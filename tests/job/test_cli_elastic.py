@@ -25,7 +25,7 @@ from flodl_hf.job.loop import TrainingInterrupted
 from flodl_hf.job.run import run_train
 from heads import AutoHeadForSequenceClassification
 
-from test_cli import single_thread_module  # noqa: E402,F401 - one torch thread
+pytestmark = pytest.mark.usefixtures("single_thread_module")  # one torch thread
 
 ROWS, BATCH, EPOCHS = 160, 4, 8
 # Why the accuracy band holds (its margin). The tiny BERT sits on a loss plateau near ln 2 before it learns the task,

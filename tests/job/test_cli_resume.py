@@ -29,9 +29,9 @@ from flodl_hf.files.ownership import write_marker
 from heads import AutoHeadForSequenceClassification
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.usefixtures("single_thread_module")  # one torch thread
 
 
-from test_cli import single_thread_module  # noqa: E402,F401 - the same autouse fixture (one torch thread)
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,10 @@ from flodl_hf.job.settings import TrainSettings
 
 def _plan(tmp_path, settings=None, data="d.csv"):
     sources = SimpleNamespace(model_path=tmp_path / "m", data_path=tmp_path / data, hub_id=None)
+    settings = settings or TrainSettings()
     return {"model": str(sources.model_path), "data": str(sources.data_path),
-            FINGERPRINT_KEY: fingerprints(settings or TrainSettings(), sources)}
+            "lr_scheduler_type": settings.lr_scheduler_type,  # a plan of this flodl-hf (an older one is refused)
+            FINGERPRINT_KEY: fingerprints(settings, sources)}
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import torch
 import transformers
 
 from dist_helpers import run_ranks, values
-from flodl_hf import DdpConfig, Graph
+from flodl_hf import Graph
 from flodl_hf import Trainer as SetupTrainer
 from flodl_hf.job.optim import adamw, no_decay_names
 from flodl_hf.job.schedule import NEEDS_KWARGS, SCHEDULES, TrainerSchedule, warmup_steps_for

@@ -81,7 +81,8 @@ def test_cli_fp16_trains_on_one_gpu(tmp_path):
     import subprocess
     import sys
 
-    from test_cli import FAST, _env, write_toy_csv
+    from cli_helpers import FAST, write_toy_csv
+    from cli_helpers import cli_env as _env
 
     tiny_models.make_checkpoint("bert", tmp_path / "tiny", with_classifier=False)
     write_toy_csv(tmp_path / "toy.csv", 400)

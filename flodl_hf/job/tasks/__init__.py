@@ -1,4 +1,4 @@
-"""The task plug-ins of the train / eval / predict job, one module per task, and their registry.
+"""The task plug-ins of the job (train; eval and predict score through them), one module per task, and their registry.
 
 It exists so that the job (``flodl_hf.job.run``) is one pipeline for every task: text classification (the
 default), token classification, extractive question answering and fill-mask each provide their data, packaged

@@ -14,9 +14,8 @@ scikit-learn or scipy:
 
 Every summary also holds ``loss``, the problem's training loss on the data (cross-entropy, BCE or MSE), so that
 ``--metric-for-best loss`` works for every type. :data:`DEFAULT_METRIC` names the metric early stopping and the
-best checkpoint use by default; :func:`greater_is_better` says which way a metric improves.
-:func:`evaluate_head` scores a head on a ``TextDataset`` (batched logits in eval mode, then the problem type's
-metrics), sentence pairs included (the head's ``encode(texts, text_pairs)``); a head without pair support is
+best checkpoint use by default; :func:`evaluate_head` scores a head on a ``TextDataset`` (batched logits in eval
+mode, then the problem type's metrics), sentence pairs included (the head's ``encode(texts, text_pairs)``); a head without pair support is
 refused with one line rather than scored on the first texts alone.
 """
 
@@ -31,8 +30,8 @@ from ...metrics.classification import classification_summary, multi_label_summar
 from ...metrics.regression import pearson, spearman
 
 __all__ = ["PROBLEM_TYPES", "HF_PROBLEM_TYPES", "DEFAULT_METRIC", "METRICS", "problem_from_config",
-           "greater_is_better", "summarize", "headline", "pearson", "spearman", "multi_label_summary", "check_metric",
-           "evaluate_head", "predict_logits", "predict_labels", "supports_pairs", "require_pairs"]
+           "summarize", "headline", "pearson", "spearman", "multi_label_summary", "check_metric",
+           "evaluate_head", "predict_logits", "supports_pairs", "require_pairs"]
 
 #: flodl-hf's problem type -> transformers' ``config.problem_type``.
 HF_PROBLEM_TYPES = {"single_label": "single_label_classification", "multi_label": "multi_label_classification",
@@ -43,7 +42,6 @@ DEFAULT_METRIC = {"single_label": "accuracy", "multi_label": "micro_f1", "regres
 METRICS = {"single_label": ("accuracy", "macro_f1", "loss"),
            "multi_label": ("micro_f1", "macro_f1", "accuracy", "loss"),
            "regression": ("pearson", "spearman", "mse", "loss")}
-_LOWER_IS_BETTER = ("loss", "mse")
 
 
 def problem_from_config(config: dict) -> str:
@@ -66,9 +64,6 @@ def check_metric(metric: str, problem_type: str) -> str:
                          f"{', '.join(METRICS[problem_type])}")
     return metric
 
-
-def greater_is_better(metric: str) -> bool:
-    return metric not in _LOWER_IS_BETTER
 
 
 def summarize(problem_type: str, logits: Any, targets: Sequence[Any], labels: Sequence[str]) -> dict:
@@ -156,10 +151,6 @@ def predict_logits(head: Any, texts: Sequence[str], text_pairs: Optional[Sequenc
             module.train()
     return torch.cat(chunks) if chunks else torch.zeros(0, 0)
 
-
-def predict_labels(head: Any, texts: Sequence[str], batch_size: int = 64, progress: bool = False) -> list[int]:
-    """Arg-max label ids of ``head`` on ``texts``, in batches, in eval mode and without gradients."""
-    return [int(i) for i in predict_logits(head, texts, None, batch_size, progress).argmax(dim=-1).tolist()]
 
 
 def evaluate_head(head: Any, dataset: TextDataset, batch_size: int = 64, progress: bool = False) -> dict:
