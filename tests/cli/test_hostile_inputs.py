@@ -134,20 +134,50 @@ def test_the_table_is_large_and_distinct():
     assert f"`tests/hostile_round3.py`), {len(ids)} cases" in page  # docs/bad-input.md's count stays true
 
 
+def _prepare(case, shared, root: Path):
+    """A case's own directory with its planted files, its listing before the run, and its command line."""
+    work = root / re.sub(r"[^\w.-]+", "_", case.id)
+    work.mkdir()
+    if case.setup is not None:
+        case.setup(work)
+    return work, listing(work), expand(case.argv, shared)
+
+
+@pytest.fixture(scope="module")
+def sweep(request, shared, tmp_path_factory):
+    """The selected rows' commands, run two at a time up front (each is a lone ``python -m flodl_hf`` in a
+    directory of its own, mostly a Python start-up: on 2 cores two overlap without slowing each other much); each
+    row's test then checks its own outcome. Rows are prepared one after another, in table order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    wanted = {item.callspec.params["case"].id for item in request.session.items
+              if item.originalname == "test_hostile_input" and hasattr(item, "callspec")}
+    root = tmp_path_factory.mktemp("hostile-sweep")
+    prepared = {case.id: _prepare(case, shared, root) for case in CASES if case.id in wanted}
+
+    def one(case_id: str):
+        work, _, argv = prepared[case_id]
+        try:
+            return run(argv, work)
+        except Exception as exc:  # noqa: BLE001 - a timeout fails that row's test, with its cause
+            return exc
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = dict(zip(prepared, pool.map(one, list(prepared))))
+    return {case_id: (prepared[case_id][0], prepared[case_id][1], results[case_id]) for case_id in prepared}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_hostile_input(case, shared, tmp_path):
+def test_hostile_input(case, sweep):
     if "without CUDA" in case.id:
         import torch
 
         if torch.cuda.is_available():
             pytest.skip("this machine has CUDA")
-    work = tmp_path / "w"
-    work.mkdir()
-    if case.setup is not None:
-        case.setup(work)
-    before = listing(work)
-    result = run(expand(case.argv, shared), work)
+    work, before, result = sweep[case.id]
+    if isinstance(result, Exception):
+        raise result
     err = result.stderr
     assert result.returncode == case.code, (result.returncode, err[-2000:], result.stdout[-500:])
     assert "Traceback" not in err and "Traceback" not in result.stdout, err[-3000:]
