@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -40,19 +41,20 @@ def one_thread() -> Iterator[None]:
     default thread pool oversubscribes the cores and runs ~3x slower. Opt in per module with
     ``pytestmark = pytest.mark.usefixtures("one_thread")``.
     """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with _one_torch_thread():
         yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
 def single_thread_module() -> Iterator[None]:
-    """One torch intra-op thread for a whole module (restored afterwards): tiny models run fastest on one thread,
-    and much faster than on two when other jobs share the cores. Opt in per module with
-    ``pytestmark = pytest.mark.usefixtures("single_thread_module")``."""
+    """One torch intra-op thread for a whole module (restored afterwards), for modules whose module-scoped
+    fixtures train too. Opt in per module with ``pytestmark = pytest.mark.usefixtures("single_thread_module")``."""
+    with _one_torch_thread():
+        yield
+
+
+@contextlib.contextmanager
+def _one_torch_thread() -> Iterator[None]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
