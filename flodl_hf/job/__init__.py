@@ -11,7 +11,8 @@ imports ``heads``: the head classes are passed in. Importing the package imports
 * ``tasks``: the task plug-ins (text classification, token classification, question answering, fill-mask): what
   differs per task, behind one interface.
 * ``preflight``: the job's validate-first checks (paths, ownership, ``--resume``, devices, disk, label order).
-* ``schedule``: ``LinearSchedule``, the warmup-then-decay learning rate.
+* ``schedule``: ``TrainerSchedule``, transformers' schedule kept on the run's sample position (and the earlier
+  ``LinearSchedule``).
 * ``optim``: the job's AdamW (fused where torch has the kernel).
 * ``loop``: the training loop (checkpoints, Ctrl-C, divergence, periodic evaluation, early stopping);
   ``interrupt``: its Ctrl-C / SIGTERM handling.
