@@ -4,6 +4,7 @@ toy CSV and the environment of a ``python -m flodl_hf`` subprocess."""
 from __future__ import annotations
 
 import csv
+import functools
 import os
 import subprocess
 from pathlib import Path
@@ -43,3 +44,22 @@ def one_error(result: subprocess.CompletedProcess) -> str:
     lines = [line for line in result.stderr.splitlines() if line.startswith("flodl-hf: error: ")]
     assert len(lines) == 1, result.stderr[-2000:]
     return lines[0]
+
+
+@functools.lru_cache(maxsize=1)
+def command_options() -> dict[str, set[str]]:
+    """Every option each ``flodl-hf`` command accepts, from the real parser; ``bench`` has its own parsers (plain
+    and ``--simulate``), whose options count as its."""
+    import argparse
+
+    from flodl_hf.bench.cli import build_parser as bench_parser
+    from flodl_hf.bench.simulate_cli import build_parser as simulate_parser
+    from flodl_hf.cli.parser import build_parser
+
+    def options(parser: argparse.ArgumentParser) -> set[str]:
+        return {o for action in parser._actions for o in action.option_strings}
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    found = {name: options(parser) for name, parser in sub.choices.items()}
+    found["bench"] |= options(bench_parser()) | options(simulate_parser())
+    return found

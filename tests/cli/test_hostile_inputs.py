@@ -13,7 +13,6 @@ label values, SIGTERM, stale temporary files, and a full disk.
 from __future__ import annotations
 
 import errno
-import functools
 import hashlib
 import json
 import os
@@ -27,6 +26,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from cli_helpers import command_options
 from hostile_cases import CASES as FIRST_CASES
 from hostile_round3 import CASES3
 from tiny_models import make_checkpoint, toy_task
@@ -68,16 +68,6 @@ OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 COMMAND = re.compile(r"flodl-hf (train|predict|eval|export|verify|convert-checkpoint)\b")
 #: Python-API argument names a command-line user cannot pass (rule 4: the fix names the command's options).
 API_WORDS = re.compile(r"\b(doc_stride|num_labels|problem_type=|max_length=|labels=|text_pair_column=)")
-
-
-@functools.lru_cache(maxsize=1)
-def command_options() -> dict:
-    """Every option of each ``flodl-hf`` command, from the parser."""
-    from flodl_hf.cli.parser import build_parser
-
-    parser = build_parser()
-    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    return {name: {o for action in p._actions for o in action.option_strings} for name, p in sub.choices.items()}
 
 
 def named_options(command: str, line: str) -> list[tuple[str, str]]:

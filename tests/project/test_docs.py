@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
+from cli_helpers import command_options
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -370,26 +371,6 @@ def test_named_repository_paths_exist(page):
     assert not missing, f"{page} names paths that do not exist: {missing}"
 
 
-def _command_options() -> dict[str, set[str]]:
-    """Each ``flodl-hf`` subcommand -> every option string it accepts (``bench``: its delegated parsers too)."""
-    import argparse
-
-    from flodl_hf.cli import build_parser
-
-    def options(parser: argparse.ArgumentParser) -> set[str]:
-        return {s for action in parser._actions for s in action.option_strings}
-
-    hook = _hook()
-    found: dict[str, set[str]] = {}
-    for action in build_parser()._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                found[name] = options(sub)
-                for module, _title in hook.DELEGATED.get(name, ()):
-                    found[name] |= options(importlib.import_module(module).build_parser())
-    return found
-
-
 def _unknown_options(text: str, commands: dict[str, set[str]]) -> list[str]:
     """The ``--options`` of inline ``flodl-hf COMMAND ...`` spans that COMMAND does not have."""
     text = re.sub(r"^( *)(```|~~~).*?^\1\2[^\n]*$", "", text, flags=re.S | re.M)
@@ -405,7 +386,7 @@ def _unknown_options(text: str, commands: dict[str, set[str]]) -> list[str]:
 def test_inline_commands_name_options_their_command_has():
     """Prose names commands in code spans (``flodl-hf train --resume DIR``) that no block runs: every option such
     a span gives must exist on its command, so a renamed or removed option fails here."""
-    commands = _command_options()
+    commands = command_options()
     assert {"train", "eval", "predict", "bench"} <= set(commands)
     assert _unknown_options("see `flodl-hf train --no-such-flag 3` and `flodl-hf eval --data x`", commands) == [
         "flodl-hf train --no-such-flag"]
