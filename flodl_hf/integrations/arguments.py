@@ -1,0 +1,101 @@
+"""El Che's own settings for `ElCheTrainer`, and the Trainer settings it refuses, each in one line.
+
+Why it exists: the integration promises that a Trainer script changes in its class name only, so everything a
+Trainer user relies on either works or is refused at construction, before any step, naming the argument and a fix
+that exists. The refusals live here, apart from the trainer, so they read as one list.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any, Optional
+
+__all__ = ["ElCheArguments", "MIN_TRANSFORMERS", "check_trainer"]
+
+#: The oldest transformers the integration is tested with (it relies on 5.x's `_run_epoch` loop shape).
+MIN_TRANSFORMERS = "5.0.0"
+
+
+@dataclass
+class ElCheArguments:
+    """Optional El Che settings for :class:`ElCheTrainer` (``elche=ElCheArguments(...)``); the defaults need none.
+
+    ``speed_hint=(slow_rank, ratio)``: the other ranks are ``ratio`` times faster than ``slow_rank``; seeds the split
+    until the first measurement replaces it. ``batch_sizes=[b_0, ..., b_{W-1}]``: pin each global micro-batch's split
+    (El Che stops adapting; the run repeats exactly whatever the machine's load). The effective batch is never
+    changed: it stays ``per_device_train_batch_size x world size x gradient_accumulation_steps``.
+    """
+
+    speed_hint: Optional[tuple[int, float]] = None
+    batch_sizes: Optional[list[int]] = None
+
+    def __post_init__(self) -> None:
+        hint = self.speed_hint
+        if hint is not None and not (
+            isinstance(hint, (tuple, list)) and len(hint) == 2 and isinstance(hint[0], int)
+            and isinstance(hint[1], numbers.Real) and hint[1] >= 1
+        ):
+            raise ValueError(f"ElCheArguments(speed_hint={hint!r}) is invalid: give (slow_rank, ratio) with an int "
+                             "rank and a ratio >= 1, e.g. speed_hint=(1, 2.5)")
+        sizes = self.batch_sizes
+        if sizes is not None and (not isinstance(sizes, (list, tuple)) or not sizes
+                                  or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in sizes)):
+            raise ValueError(f"ElCheArguments(batch_sizes={sizes!r}) is invalid: give one int >= 1 per rank, "
+                             "e.g. batch_sizes=[12, 4]")
+        if sizes is not None and hint is not None:
+            raise ValueError("ElCheArguments: speed_hint and batch_sizes both set: a pinned split needs no hint, "
+                             "keep one of them")
+
+
+def _refuse(argument: str, value: Any, why: str, fix: str) -> None:
+    raise ValueError(f"ElCheTrainer: {argument}={value!r} {why}: {fix}")
+
+
+def check_trainer(trainer: Any) -> None:
+    """Refuse, before any step, what the integration cannot do as one process would."""
+    import transformers
+    from packaging.version import Version
+
+    if Version(transformers.__version__) < Version(MIN_TRANSFORMERS):
+        _refuse("transformers", transformers.__version__, "is older than the integration supports",
+                f"install transformers>={MIN_TRANSFORMERS}")
+    args = trainer.args
+    if getattr(trainer, "is_deepspeed_enabled", False) or args.deepspeed:
+        _refuse("deepspeed", args.deepspeed, "is not supported by El Che (DeepSpeed owns the reduction)",
+                "remove deepspeed, or use transformers.Trainer for DeepSpeed runs")
+    if getattr(trainer, "is_fsdp_enabled", False) or args.fsdp:
+        _refuse("fsdp", args.fsdp, "is not supported by El Che (FSDP shards the gradients El Che reduces)",
+                "remove fsdp, or use transformers.Trainer for FSDP runs")
+    pc = getattr(trainer.accelerator, "parallelism_config", None)
+    if pc is not None and any(getattr(pc, f"{k}_enabled", False) for k in ("tp", "cp", "sp")):
+        _refuse("parallelism_config", pc, "shards the model or the sequence", "remove parallelism_config")
+    if args.n_gpu > 1:
+        _refuse("n_gpu", args.n_gpu, "means one process drives several GPUs (DataParallel)",
+                "launch one process per GPU with `torchrun --nproc-per-node N script.py`")
+    strategy = getattr(args, "train_sampling_strategy", None)
+    if strategy == "batch_rebalance":
+        _refuse("train_sampling_strategy", strategy,
+                "would give ranks unequal batches a second time (El Che already splits each batch by measured "
+                "speed)", "use 'random', 'sequential' or 'group_by_length'")
+    if args.auto_find_batch_size:
+        _refuse("auto_find_batch_size", True, "would change one rank's batch after an out-of-memory error",
+                "set per_device_train_batch_size yourself and drop auto_find_batch_size")
+    if str(args.optim).lower().endswith("lomo"):
+        _refuse("optim", str(args.optim), "updates parameters inside backward, before El Che reduces gradients",
+                "use another optimizer, e.g. optim='adamw_torch'")
+    import torch
+
+    train = trainer.train_dataset
+    if train is not None and isinstance(train, torch.utils.data.IterableDataset):
+        _refuse("train_dataset", type(train).__name__, "has no length, so El Che cannot split its batches",
+                "pass a map-style dataset (datasets.Dataset or one with __len__ and __getitem__)")
+    sizes = trainer.elche_args.batch_sizes
+    world = args.world_size
+    if sizes is not None and len(sizes) != world:
+        _refuse("ElCheArguments.batch_sizes", sizes, f"has {len(sizes)} entries for {world} ranks",
+                f"give one size per rank summing to {args.per_device_train_batch_size * world}")
+    hint = trainer.elche_args.speed_hint
+    if hint is not None and not 0 <= hint[0] < world:
+        _refuse("ElCheArguments.speed_hint", hint, f"names rank {hint[0]}, outside 0..{world - 1}",
+                "name the slow rank by its RANK")

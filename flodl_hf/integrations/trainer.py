@@ -1,0 +1,370 @@
+"""`ElCheTrainer`: a `transformers.Trainer` whose ranks take El Che's unequal shares of every batch.
+
+Why it exists: most people fine-tune with `transformers.Trainer`. With this class (the only line of their script
+that changes) a fast device takes a larger share of each optimizer step than a slow one, and each step still
+applies exactly the update one process running `transformers.Trainer` would apply to the same samples.
+
+How it maps onto Trainer (transformers 5.x, read from its source; see ``../shared/design/hf-trainer.md``):
+
+* **No DDP.** ``_wrap_model`` prepares the model for evaluation only (autocast, compile) and broadcasts rank 0's
+  weights once; the gradient reduction is ours, a SUM all-reduce at the window's last micro-batch inside
+  ``training_step``, so Trainer's clipping, ``optimizer.step``, scheduler and callbacks then run unchanged on
+  gradients identical on every rank.
+* **Data.** The train loader is ours (``flodl_hf.integrations.plan``): Trainer's windows, El Che's split.
+* **Loss.** ``get_batch_samples`` sums each micro-batch's item and sample counts over the ranks (one small
+  collective per window, like Trainer's own ``average_tokens_across_devices``), so each rank scales its part of a
+  micro-batch to its share of the loss one process computes for the whole micro-batch (``_contribution``).
+* **Checkpoints.** Trainer's own, plus ``elche_trainer.json`` (the global micro-batch and window shape, El Che's
+  state): a resume on any number of ranks keeps the effective batch and sees every remaining sample once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import deque
+from functools import partial
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from transformers import Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, seed_worker
+
+from ..elche.scheduler import ElChe
+from ..files.atomic import atomic_path
+from .arguments import ElCheArguments, check_trainer
+from .plan import PlanBatchSampler, WeightedCollate, WeightedRows, WindowPlan, WEIGHT_KEY, check_sizes, equal_sizes
+from .reduce import GradSum, broadcast_module
+
+__all__ = ["ElCheTrainer", "STATE_FILE"]
+
+#: What ElCheTrainer adds to each Trainer checkpoint directory.
+STATE_FILE = "elche_trainer.json"
+_STATE_FORMAT = 1
+
+
+class _PlanLoader(torch.utils.data.DataLoader):
+    """A DataLoader whose ``set_epoch`` reaches the plan sampler (Trainer calls it before each epoch)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batch_sampler.set_epoch(epoch)
+
+
+def _depends_on(loss: torch.Tensor, leaf: torch.Tensor) -> bool:
+    """Whether ``leaf`` is in ``loss``'s autograd graph (does the loss use ``num_items_in_batch``?)."""
+    seen, stack = set(), [loss.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if getattr(fn, "variable", None) is leaf:
+            return True
+        stack.extend(f for f, _ in fn.next_functions)
+    return False
+
+
+class ElCheTrainer(Trainer):
+    """`transformers.Trainer` with El Che: takes Trainer's arguments, plus ``elche=ElCheArguments(...)``.
+
+    Under ``torchrun --nproc-per-node N`` or ``accelerate launch`` each rank takes El Che's share of every
+    micro-batch (faster ranks more), and every optimizer step equals one process's `transformers.Trainer` step on
+    the union of the ranks' micro-batches: same loss normalisation, clipping, schedule and optimizer. On one
+    process it is `transformers.Trainer` with El Che's data order. Refused at construction, one line each:
+    DeepSpeed, FSDP, tensor/context parallelism, DataParallel, ``batch_rebalance``, ``auto_find_batch_size``,
+    LOMO optimizers and iterable train sets.
+    """
+
+    def __init__(self, *args: Any, elche: Optional[ElCheArguments] = None, **kwargs: Any) -> None:
+        if elche is not None and not isinstance(elche, ElCheArguments):
+            raise TypeError(f"ElCheTrainer(elche={elche!r}): pass an ElCheArguments(...) or leave it out")
+        super().__init__(*args, **kwargs)
+        self.elche_args = elche or ElCheArguments()
+        check_trainer(self)
+        self._elche_world = int(self.args.world_size)
+        self._elche_rank = int(self.args.process_index)
+        self._elche_resume: Optional[dict] = None
+        self._elche_plan: Optional[WindowPlan] = None
+        self._elche: Optional[ElChe] = None
+        self._elche_sum: Optional[GradSum] = None
+        self._elche_queue: deque = deque()
+        self._elche_honors_items: Optional[bool] = None
+        self._elche_wall = 0.0
+        self._elche_work = 0.0
+        self._elche_sync_ms = 0.0
+        self._elche_sync_share: Optional[float] = None
+
+    # -- properties a user or a callback may read ------------------------------------------------------------
+    @property
+    def elche(self) -> Optional[ElChe]:
+        """The El Che scheduler of this run (None on one process, or before training starts)."""
+        return self._elche
+
+    @property
+    def elche_batch_sizes(self) -> Optional[list[int]]:
+        """Each rank's share of the global micro-batch in the current window."""
+        return None if self._elche_plan is None else list(self._elche_plan.sizes)
+
+    @property
+    def _elche_on(self) -> bool:
+        return self._elche_world > 1
+
+    # -- resume ------------------------------------------------------------------------------------------------
+    def train(self, resume_from_checkpoint: Any = None, trial: Any = None, ignore_keys_for_eval: Any = None,
+              **kwargs: Any) -> Any:
+        path = resume_from_checkpoint
+        if isinstance(path, bool):
+            path = get_last_checkpoint(self.args.output_dir) if path else None
+            if resume_from_checkpoint and path is None:
+                raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")
+        self._elche_resume = None
+        if path is not None:
+            state_file = os.path.join(path, STATE_FILE)
+            if os.path.isfile(state_file):
+                with open(state_file, encoding="utf-8") as f:
+                    self._elche_resume = json.load(f)
+            elif self.is_world_process_zero():
+                print(f"ElCheTrainer: {path} has no {STATE_FILE} (not written by ElCheTrainer): the data position "
+                      "is recomputed from this run's batch size", flush=True)
+        return super().train(resume_from_checkpoint=path, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval,
+                             **kwargs)
+
+    # -- model -------------------------------------------------------------------------------------------------
+    def _wrap_model(self, model: torch.nn.Module, training: bool = True, dataloader: Any = None) -> torch.nn.Module:
+        if not training or not self._elche_on:
+            return super()._wrap_model(model, training=training, dataloader=dataloader)
+        if self.accelerator.unwrap_model(model, keep_torch_compile=False) is not model:
+            return model
+        broadcast_module(model)
+        return self.accelerator.prepare_model(model, evaluation_mode=True)
+
+    # -- data --------------------------------------------------------------------------------------------------
+    def _train_lengths(self, dataset: Any) -> list[int]:
+        column = self.args.length_column_name
+        names = getattr(dataset, "column_names", None)
+        if names is not None and column in names:
+            return [int(v) for v in dataset[column]]
+        key = self.processing_class.model_input_names[0] if self.processing_class is not None else "input_ids"
+        return [len(dataset[i][key]) for i in range(len(dataset))]
+
+    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        if self.train_dataset is None:
+            raise ValueError("Trainer: training requires a train_dataset.")
+        dataset, collator = self.train_dataset, self.data_collator
+        try:
+            import datasets
+
+            is_hf = isinstance(dataset, datasets.Dataset)
+        except ImportError:
+            is_hf = False
+        if is_hf:
+            dataset = self._remove_unused_columns(dataset, description="Training")
+        else:
+            collator = self._get_collator_with_removed_columns(collator, description="Training")
+        plan = self._make_plan()
+        strategy = getattr(self.args, "train_sampling_strategy", None) or (
+            "group_by_length" if getattr(self.args, "group_by_length", False) else "random")
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        sampler = PlanBatchSampler(len(dataset), plan, seed, order=strategy,
+                                   lengths=self._train_lengths(dataset) if strategy == "group_by_length" else None,
+                                   drop_last=self.args.dataloader_drop_last)
+        workers = self.args.dataloader_num_workers
+        params: dict[str, Any] = {
+            "batch_sampler": sampler, "collate_fn": WeightedCollate(collator), "num_workers": workers,
+            "pin_memory": self.args.dataloader_pin_memory,
+            "worker_init_fn": partial(seed_worker, num_workers=workers, rank=self.args.process_index),
+        }
+        if workers > 0:
+            params.update(persistent_workers=self.args.dataloader_persistent_workers,
+                          prefetch_factor=self.args.dataloader_prefetch_factor,
+                          multiprocessing_context=self.args.dataloader_multiprocessing_context)
+        return _PlanLoader(WeightedRows(dataset), **params)
+
+    def _make_plan(self) -> WindowPlan:
+        world, rank, ga = self._elche_world, self._elche_rank, self.args.gradient_accumulation_steps
+        unit = self._train_batch_size * world
+        resume = self._elche_resume
+        if resume is not None:
+            if int(resume.get("format", 0)) != _STATE_FORMAT:
+                raise ValueError(f"ElCheTrainer: {STATE_FILE} has format {resume.get('format')!r}, this version "
+                                 f"reads {_STATE_FORMAT}: resume with the flodl-hf version that wrote it")
+            if int(resume["micro_batches_per_window"]) != ga:
+                raise ValueError(
+                    f"ElCheTrainer: gradient_accumulation_steps={ga} but the checkpoint was written with "
+                    f"{resume['micro_batches_per_window']}: pass gradient_accumulation_steps="
+                    f"{resume['micro_batches_per_window']} to resume it")
+            unit = int(resume["global_micro_batch"])
+            if unit % world != 0 or unit < world:
+                raise ValueError(
+                    f"ElCheTrainer: the checkpoint's global micro-batch ({unit} samples) does not split over "
+                    f"{world} ranks: resume on a number of ranks that divides {unit}")
+        sizes = equal_sizes(world, unit)
+        self._elche = None
+        if world > 1:
+            pinned = self.elche_args.batch_sizes
+            sched = ElChe(world, mode="setup", batch_size=unit // world, anchor=1, min_anchor=1, max_anchor=1,
+                          anchor_rule="throughput",
+                          batch_sizes=None if pinned is None else check_sizes(pinned, world, unit))
+            if pinned is not None:
+                sched.freeze()
+            elif self.elche_args.speed_hint is not None:
+                sched.speed_hint(*self.elche_args.speed_hint)
+            saved = (resume or {}).get("elche")
+            if saved is not None and int(saved.get("world_size", 0)) == world and pinned is None:
+                sched.load_state_dict(saved)
+            sizes = sched.batch_sizes()
+            self._elche = sched
+        self._elche_plan = WindowPlan(world, rank, unit, ga, sizes)
+        return self._elche_plan
+
+    # -- the window ---------------------------------------------------------------------------------------------
+    def _items(self, batch: Any) -> Optional[int]:
+        if "labels" not in batch:
+            return None
+        if "shift_labels" in batch:
+            labels = batch["shift_labels"]
+        elif getattr(self, "_loss_shifts_labels", False):
+            labels = batch["labels"][..., 1:]
+        else:
+            labels = batch["labels"]
+        return int(labels.ne(-100).sum())
+
+    @staticmethod
+    def _samples(batch: Any) -> int:
+        for value in batch.values():
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                return int(value.shape[0])
+        raise ValueError("ElCheTrainer: a collated batch holds no tensor with a batch dimension: return tensors "
+                         "from your data_collator")
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: torch.device) -> tuple[list, Any]:
+        batches = []
+        for _ in range(num_batches):
+            try:
+                batches.append(next(epoch_iterator))
+            except StopIteration:
+                break
+        weights = [int(b.pop(WEIGHT_KEY, 1)) for b in batches]
+        if not self._elche_on:
+            return batches, self._get_num_items_in_batch(batches, device)
+        items = [self._items(b) for b in batches]
+        samples = [self._samples(b) for b in batches]
+        local = [w * (i or 0) for w, i in zip(weights, items)] + [w * s for w, s in zip(weights, samples)]
+        counts = torch.tensor(local, dtype=torch.float64, device=self.args.device)
+        dist.all_reduce(counts)
+        n = len(batches)
+        totals, sample_totals = counts[:n].tolist(), counts[n:].tolist()
+        for k in range(n):
+            self._elche_queue.append((weights[k], items[k], totals[k], samples[k], sample_totals[k], n))
+        counted = bool(batches) and "labels" in batches[0] and (
+            self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
+        if not counted:
+            return batches, None
+        return batches, torch.tensor(sum(totals), device=device) / 1  # the float tensor one process passes
+
+    def _trainer_factor(self, num_items: Any) -> int:
+        """The factor Trainer's ``compute_loss`` multiplies by to cancel DDP's mean (there is no DDP here)."""
+        if self.args.average_tokens_across_devices and num_items is not None and (
+                self.model_accepts_loss_kwargs or self.compute_loss_func is not None):
+            return self.accelerator.num_processes // self.get_tp_size()
+        return 1
+
+    def _scaled_for_ga(self, num_items: Any) -> bool:
+        if getattr(self, "loss_is_scaled_for_ga", None) is not None:
+            return bool(self.loss_is_scaled_for_ga)
+        return (self.model_accepts_loss_kwargs and num_items is not None) or self.compute_loss_func is not None
+
+    def training_step(self, model: torch.nn.Module, inputs: dict, num_items_in_batch: Any = None) -> torch.Tensor:
+        if not self._elche_on:
+            return super().training_step(model, inputs, num_items_in_batch)
+        weight, items, total_items, samples, total_samples, window = self._elche_queue.popleft()
+        start = time.perf_counter()
+        model.train()
+        if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
+            self.optimizer.train()
+        inputs = self._prepare_inputs(inputs)
+        probe = None
+        if num_items_in_batch is not None and self._elche_honors_items is None:
+            probe = num_items_in_batch.detach().clone().requires_grad_(True)
+            num_items_in_batch = probe
+        with self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        if probe is not None:
+            self._elche_honors_items = loss.requires_grad and _depends_on(loss, probe)
+        del inputs
+        loss = self._contribution(loss, num_items_in_batch, weight, items, total_items, samples, total_samples,
+                                  window)
+        self.accelerator.backward(loss)
+        self._elche_wall += time.perf_counter() - start
+        self._elche_work += weight * samples
+        if self.accelerator.sync_gradients:
+            self._close_window(model, window)
+        return loss.detach() * self._elche_world
+
+    def _contribution(self, loss: torch.Tensor, num_items: Any, weight: int, items: Optional[int],
+                      total_items: float, samples: int, total_samples: float, window: int) -> torch.Tensor:
+        """This rank's part of the loss one process computes for the whole micro-batch (summed over ranks)."""
+        loss = loss / self._trainer_factor(num_items)
+        if not (num_items is not None and self._elche_honors_items):
+            # the loss is a mean over this rank's own items (or samples): weigh it by its share of the micro-batch
+            if items is not None:
+                loss = loss * (items / total_items) if total_items > 0 else loss * 0.0
+            else:
+                loss = loss * (samples / total_samples)
+        if not self._scaled_for_ga(num_items):
+            loss = loss / window
+        return loss * weight
+
+    def _close_window(self, model: torch.nn.Module, micro_batches: int) -> None:
+        """Sum the window's gradients over the ranks and feed El Che the window's timings."""
+        device = self.args.device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if self._elche_sum is None or len(self._elche_sum.params) != len(params) or any(
+                a is not b for a, b in zip(self._elche_sum.params, params)):
+            self._elche_sum = GradSum(params, device)
+        world, rank = self._elche_world, self._elche_rank
+        extra = [0.0] * (3 * world)
+        extra[rank], extra[world + rank], extra[2 * world + rank] = (
+            self._elche_wall * 1000.0, self._elche_work, self._elche_sync_ms)
+        start = time.perf_counter()
+        sums = self._elche_sum.reduce(extra)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        sync_ms = (time.perf_counter() - start) * 1000.0
+        wall, work, syncs = sums[:world], sums[world:2 * world], sums[2 * world:]
+        if self._elche is not None:
+            self._elche.report(wall, work, min(syncs), micro_batches=micro_batches)
+            self._elche_plan.sizes = self._elche.batch_sizes()
+        compute = max(wall)
+        self._elche_sync_share = sync_ms / (compute + sync_ms) if compute + sync_ms > 0 else None
+        self._elche_sync_ms, self._elche_wall, self._elche_work = sync_ms, 0.0, 0.0
+
+    # -- logs and checkpoints ------------------------------------------------------------------------------------
+    def log(self, logs: dict[str, float], start_time: Optional[float] = None) -> None:
+        plan = self._elche_plan
+        if self._elche_on and plan is not None and "loss" in logs:
+            unit = plan.global_micro_batch
+            for r, b in enumerate(plan.last_drawn):
+                logs[f"elche_share_{r}"] = round(b / unit, 4)
+            logs["elche_anchor"] = plan.micro_batches_per_window
+            if self._elche_sync_share is not None:
+                logs["elche_sync_share"] = round(self._elche_sync_share, 4)
+        super().log(logs, start_time)
+
+    def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
+        super()._save_checkpoint(model, trial)
+        plan = self._elche_plan
+        if plan is None or not self.args.should_save:
+            return
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        if not os.path.isdir(folder):
+            return
+        state = {"format": _STATE_FORMAT, "global_micro_batch": plan.global_micro_batch,
+                 "micro_batches_per_window": plan.micro_batches_per_window, "world_size": self._elche_world,
+                 "batch_sizes": list(plan.sizes), "elche": None if self._elche is None else self._elche.state_dict()}
+        with atomic_path(os.path.join(folder, STATE_FILE)) as tmp:
+            tmp.write_text(json.dumps(state, indent=1), encoding="utf-8")

@@ -1,0 +1,136 @@
+"""One run of a tiny model under `transformers.Trainer` or `ElCheTrainer`, for the integration's tests.
+
+Run as ``python trainer_script.py CASE.json OUT_DIR`` (one process: the reference) or under ``torchrun`` (ElCheTrainer
+on each rank). CASE.json says the model, data, Trainer arguments and El Che settings; ``orders`` (per epoch, a list of
+dataset indices) replays a recorded sample order through a sequential sampler, which is how the reference sees "the
+concatenated windows". Each rank writes the dataset indices of every micro-batch its collator saw; rank 0 writes the
+final parameters and Trainer's log history.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+from transformers import (BertConfig, BertForSequenceClassification, BertForTokenClassification, Trainer,
+                          TrainerCallback, TrainingArguments)
+
+
+def rows(case: dict) -> list[dict]:
+    g = torch.Generator().manual_seed(case["data_seed"])
+    out = []
+    for i in range(case["n"]):
+        length = int(torch.randint(case.get("min_len", 3), case.get("max_len", 12) + 1, (1,), generator=g))
+        ids = torch.randint(1, 60, (length,), generator=g).tolist()
+        if case["model"] == "token":
+            labels = torch.randint(0, 3, (length,), generator=g)
+            labels[torch.rand(length, generator=g) < 0.3] = -100  # masked tokens: items differ from samples
+            label = labels.tolist()
+        else:
+            label = int(torch.randint(0, 3, (1,), generator=g))
+        out.append({"input_ids": ids, "labels": label, "idx": i})
+    return out
+
+
+class Rows(torch.utils.data.Dataset):
+    """The rows, optionally in a recorded order per epoch (``orders[e]``; set by ``Epochs`` at each epoch)."""
+
+    def __init__(self, data: list[dict], orders: list[list[int]] | None = None) -> None:
+        self.data, self.orders, self.epoch = data, orders, 0
+
+    def __len__(self) -> int:
+        return len(self.orders[0]) if self.orders else len(self.data)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.data[self.orders[self.epoch][i] if self.orders else i]
+
+
+class Epochs(TrainerCallback):
+    def __init__(self, rows: Rows) -> None:
+        self.rows = rows
+
+    def on_epoch_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+        self.rows.epoch = int(round(state.epoch or 0))
+
+
+class Collate:
+    def __init__(self, seen: list) -> None:
+        self.seen = seen
+
+    def __call__(self, batch: list[dict]) -> dict:
+        self.seen.append([r["idx"] for r in batch])
+        width = max(len(r["input_ids"]) for r in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for j, r in enumerate(batch):
+            ids[j, :len(r["input_ids"])] = torch.tensor(r["input_ids"])
+            mask[j, :len(r["input_ids"])] = 1
+        if isinstance(batch[0]["labels"], list):
+            labels = torch.full((len(batch), width), -100, dtype=torch.long)
+            for j, r in enumerate(batch):
+                labels[j, :len(r["labels"])] = torch.tensor(r["labels"])
+        else:
+            labels = torch.tensor([r["labels"] for r in batch])
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+class Slow(TrainerCallback):
+    """Makes one rank slower (sleep per micro-batch) so El Che's measured split is uneven."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+        time.sleep(self.seconds)
+
+
+def model(case: dict) -> torch.nn.Module:
+    torch.manual_seed(case["init_seed"])
+    cfg = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                     max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                     classifier_dropout=0.0, num_labels=3)
+    cls = BertForTokenClassification if case["model"] == "token" else BertForSequenceClassification
+    return cls(cfg)
+
+
+def main() -> None:
+    case = json.load(open(sys.argv[1]))
+    out = sys.argv[2]
+    rank = int(os.environ.get("RANK", "0"))
+    data = rows(case)
+    seen: list = []
+    reference = "orders" in case
+    bs = case["reference_batch"] if reference else case["per_device"]
+    args = TrainingArguments(
+        output_dir=os.path.join(out, "trainer"), per_device_train_batch_size=bs,
+        gradient_accumulation_steps=case["ga"], num_train_epochs=case["epochs"],
+        learning_rate=case["lr"], warmup_steps=case["warmup"], weight_decay=case["wd"],
+        max_grad_norm=case["clip"], lr_scheduler_type="linear", logging_steps=1, save_strategy="no",
+        report_to=[], use_cpu=True, seed=case["seed"], disable_tqdm=True,
+        train_sampling_strategy="sequential" if reference else case.get("strategy", "random"),
+        dataloader_drop_last=case.get("drop_last", False), optim="adamw_torch", remove_unused_columns=False)
+    common = dict(model=model(case), args=args, data_collator=Collate(seen))
+    if reference:
+        ordered = Rows(data, case["orders"])
+        trainer = Trainer(train_dataset=ordered, callbacks=[Epochs(ordered)], **common)
+    else:
+        from flodl_hf.integrations import ElCheArguments, ElCheTrainer
+
+        slow = case.get("slow", {}).get(str(rank))
+        trainer = ElCheTrainer(train_dataset=Rows(data), elche=ElCheArguments(**case.get("elche", {})),
+                               callbacks=[Slow(slow)] if slow else None, **common)
+    trainer.train()
+    with open(os.path.join(out, f"seen_{rank}.json"), "w") as f:
+        json.dump(seen, f)
+    if rank == 0:
+        torch.save({k: v.detach().cpu() for k, v in trainer.model.state_dict().items()},
+                   os.path.join(out, "params.pt"))
+        with open(os.path.join(out, "log.json"), "w") as f:
+            json.dump(trainer.state.log_history, f)
+
+
+if __name__ == "__main__":
+    main()
