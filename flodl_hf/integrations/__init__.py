@@ -10,4 +10,4 @@ from __future__ import annotations
 from .arguments import MIN_TRANSFORMERS, ElCheArguments
 from .trainer import STATE_FILE, ElCheTrainer
 
-__all__ = ["ElCheTrainer", "ElCheArguments", "MIN_TRANSFORMERS", "STATE_FILE"]
+__all__ = ["MIN_TRANSFORMERS", "STATE_FILE", "ElCheArguments", "ElCheTrainer"]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
-__all__ = ["ElCheArguments", "MIN_TRANSFORMERS", "check_trainer"]
+__all__ = ["MIN_TRANSFORMERS", "ElCheArguments", "check_trainer"]
 
 #: The oldest transformers the integration is tested with (it relies on 5.x's `_run_epoch` loop shape).
 MIN_TRANSFORMERS = "5.0.0"
@@ -27,8 +27,8 @@ class ElCheArguments:
     changed: it stays ``per_device_train_batch_size x world size x gradient_accumulation_steps``.
     """
 
-    speed_hint: Optional[tuple[int, float]] = None
-    batch_sizes: Optional[list[int]] = None
+    speed_hint: tuple[int, float] | None = None
+    batch_sizes: list[int] | None = None
 
     def __post_init__(self) -> None:
         hint = self.speed_hint
@@ -92,6 +92,8 @@ def check_trainer(trainer: Any) -> None:
                 "pass a map-style dataset (datasets.Dataset or one with __len__ and __getitem__)")
     sizes = trainer.elche_args.batch_sizes
     world = args.world_size
+    if world == 1:
+        return  # one process: El Che has nothing to split, so its settings do not apply (the same script runs)
     if sizes is not None and len(sizes) != world:
         _refuse("ElCheArguments.batch_sizes", sizes, f"has {len(sizes)} entries for {world} ranks",
                 f"give one size per rank summing to {args.per_device_train_batch_size * world}")

@@ -16,15 +16,24 @@ resumes on any number of ranks with every remaining sample seen once.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
 from ..elche.partition import epoch_permutation, length_grouped
 from ..elche.split import largest_remainder
 
-__all__ = ["WindowPlan", "PlanBatchSampler", "WeightedRows", "WeightedCollate", "WEIGHT_KEY", "split_partial",
-           "check_sizes", "equal_sizes"]
+__all__ = [
+    "WEIGHT_KEY",
+    "PlanBatchSampler",
+    "WeightedCollate",
+    "WeightedRows",
+    "WindowPlan",
+    "check_sizes",
+    "equal_sizes",
+    "split_partial",
+]
 
 #: Key under which the collated batch carries its weight (1 real, 0 padding); popped before the model sees it.
 WEIGHT_KEY = "__elche_weight__"
@@ -68,7 +77,7 @@ class PlanBatchSampler:
     """
 
     def __init__(self, n: int, plan: WindowPlan, seed: int, *, order: str = "random",
-                 lengths: Optional[Sequence[int]] = None, drop_last: bool = False) -> None:
+                 lengths: Sequence[int] | None = None, drop_last: bool = False) -> None:
         if order not in ("random", "sequential", "group_by_length"):
             raise ValueError(f"order={order!r} is unknown: use 'random', 'sequential' or 'group_by_length'")
         if order == "group_by_length" and lengths is None:

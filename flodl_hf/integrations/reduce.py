@@ -9,12 +9,12 @@ The per-rank timings travel in a small float64 vector reduced alongside (each ra
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["broadcast_module", "GradSum"]
+__all__ = ["GradSum", "broadcast_module"]
 
 _BUCKET_ELEMENTS = 8 * 1024 * 1024  # 32 MB of float32 per collective
 

@@ -25,7 +25,7 @@ import os
 import time
 from collections import deque
 from functools import partial
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,10 +35,18 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 from ..elche.scheduler import ElChe
 from ..files.atomic import atomic_path
 from .arguments import ElCheArguments, check_trainer
-from .plan import PlanBatchSampler, WeightedCollate, WeightedRows, WindowPlan, WEIGHT_KEY, check_sizes, equal_sizes
+from .plan import (
+    WEIGHT_KEY,
+    PlanBatchSampler,
+    WeightedCollate,
+    WeightedRows,
+    WindowPlan,
+    check_sizes,
+    equal_sizes,
+)
 from .reduce import GradSum, broadcast_module
 
-__all__ = ["ElCheTrainer", "STATE_FILE"]
+__all__ = ["STATE_FILE", "ElCheTrainer"]
 
 #: What ElCheTrainer adds to each Trainer checkpoint directory.
 STATE_FILE = "elche_trainer.json"
@@ -77,7 +85,7 @@ class ElCheTrainer(Trainer):
     LOMO optimizers and iterable train sets.
     """
 
-    def __init__(self, *args: Any, elche: Optional[ElCheArguments] = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, elche: ElCheArguments | None = None, **kwargs: Any) -> None:
         if elche is not None and not isinstance(elche, ElCheArguments):
             raise TypeError(f"ElCheTrainer(elche={elche!r}): pass an ElCheArguments(...) or leave it out")
         super().__init__(*args, **kwargs)
@@ -85,25 +93,25 @@ class ElCheTrainer(Trainer):
         check_trainer(self)
         self._elche_world = int(self.args.world_size)
         self._elche_rank = int(self.args.process_index)
-        self._elche_resume: Optional[dict] = None
-        self._elche_plan: Optional[WindowPlan] = None
-        self._elche: Optional[ElChe] = None
-        self._elche_sum: Optional[GradSum] = None
+        self._elche_resume: dict | None = None
+        self._elche_plan: WindowPlan | None = None
+        self._elche: ElChe | None = None
+        self._elche_sum: GradSum | None = None
         self._elche_queue: deque = deque()
-        self._elche_honors_items: Optional[bool] = None
+        self._elche_honors_items: bool | None = None
         self._elche_wall = 0.0
         self._elche_work = 0.0
         self._elche_sync_ms = 0.0
-        self._elche_sync_share: Optional[float] = None
+        self._elche_sync_share: float | None = None
 
     # -- properties a user or a callback may read ------------------------------------------------------------
     @property
-    def elche(self) -> Optional[ElChe]:
+    def elche(self) -> ElChe | None:
         """The El Che scheduler of this run (None on one process, or before training starts)."""
         return self._elche
 
     @property
-    def elche_batch_sizes(self) -> Optional[list[int]]:
+    def elche_batch_sizes(self) -> list[int] | None:
         """Each rank's share of the global micro-batch in the current window."""
         return None if self._elche_plan is None else list(self._elche_plan.sizes)
 
@@ -220,7 +228,7 @@ class ElCheTrainer(Trainer):
         return self._elche_plan
 
     # -- the window ---------------------------------------------------------------------------------------------
-    def _items(self, batch: Any) -> Optional[int]:
+    def _items(self, batch: Any) -> int | None:
         if "labels" not in batch:
             return None
         if "shift_labels" in batch:
@@ -303,7 +311,7 @@ class ElCheTrainer(Trainer):
             self._close_window(model, window)
         return loss.detach() * self._elche_world
 
-    def _contribution(self, loss: torch.Tensor, num_items: Any, weight: int, items: Optional[int],
+    def _contribution(self, loss: torch.Tensor, num_items: Any, weight: int, items: int | None,
                       total_items: float, samples: int, total_samples: float, window: int) -> torch.Tensor:
         """This rank's part of the loss one process computes for the whole micro-batch (summed over ranks)."""
         loss = loss / self._trainer_factor(num_items)
@@ -344,7 +352,7 @@ class ElCheTrainer(Trainer):
         self._elche_sync_ms, self._elche_wall, self._elche_work = sync_ms, 0.0, 0.0
 
     # -- logs and checkpoints ------------------------------------------------------------------------------------
-    def log(self, logs: dict[str, float], start_time: Optional[float] = None) -> None:
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         plan = self._elche_plan
         if self._elche_on and plan is not None and "loss" in logs:
             unit = plan.global_micro_batch

@@ -13,7 +13,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 import trainer_runs
 
 pytestmark = pytest.mark.slow

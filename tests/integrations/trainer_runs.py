@@ -26,7 +26,7 @@ def env() -> dict:
     return out
 
 
-def run(case: dict, out: Path, world: int, timeout: float = 300) -> subprocess.CompletedProcess:
+def run(case: dict, out: Path, world: int, timeout: float = 300, expect: int = 0) -> subprocess.CompletedProcess:
     """``case`` under ``torchrun --nproc-per-node world`` (ElCheTrainer), or one process when it has ``orders``."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "case.json").write_text(json.dumps(case))
@@ -35,13 +35,14 @@ def run(case: dict, out: Path, world: int, timeout: float = 300) -> subprocess.C
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
                "--master-port", str(free_port()), str(SCRIPT), str(out / "case.json"), str(out)]
-    proc = subprocess.run(cmd, env=env(), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    proc = subprocess.run(cmd, check=False, env=env(), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert (proc.returncode == 0) == (expect == 0), proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
 
 
 def seen(out: Path, world: int) -> list[list[list[int]]]:
-    return [json.loads((out / f"seen_{r}.json").read_text()) for r in range(world)]
+    """Each rank's micro-batches in order, as the collator recorded them (lists of dataset indices)."""
+    return [[json.loads(line) for line in (out / f"seen_{r}.jsonl").read_text().splitlines()] for r in range(world)]
 
 
 def windows_order(case: dict, micro: list[list[list[int]]], unit: int) -> list[list[int]]:

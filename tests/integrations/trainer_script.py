@@ -4,7 +4,8 @@ Run as ``python trainer_script.py CASE.json OUT_DIR`` (one process: the referenc
 on each rank). CASE.json says the model, data, Trainer arguments and El Che settings; ``orders`` (per epoch, a list of
 dataset indices) replays a recorded sample order through a sequential sampler, which is how the reference sees "the
 concatenated windows". Each rank writes the dataset indices of every micro-batch its collator saw; rank 0 writes the
-final parameters and Trainer's log history.
+final parameters and Trainer's log history. ``save_steps`` writes checkpoints,
+``exit_at`` ends every rank abruptly when that step begins, ``resume`` resumes from a checkpoint.
 """
 
 from __future__ import annotations
@@ -15,8 +16,14 @@ import sys
 import time
 
 import torch
-from transformers import (BertConfig, BertForSequenceClassification, BertForTokenClassification, Trainer,
-                          TrainerCallback, TrainingArguments)
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 
 
 def rows(case: dict) -> list[dict]:
@@ -52,16 +59,19 @@ class Epochs(TrainerCallback):
     def __init__(self, rows: Rows) -> None:
         self.rows = rows
 
-    def on_epoch_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
-        self.rows.epoch = int(round(state.epoch or 0))
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.rows.epoch = round(state.epoch or 0)
 
 
 class Collate:
-    def __init__(self, seen: list) -> None:
+    """Pads a batch; appends its dataset indices to ``seen`` (one JSON line per micro-batch, flushed at once)."""
+
+    def __init__(self, seen: str) -> None:
         self.seen = seen
 
     def __call__(self, batch: list[dict]) -> dict:
-        self.seen.append([r["idx"] for r in batch])
+        with open(self.seen, "a") as f:
+            f.write(json.dumps([r["idx"] for r in batch]) + "\n")
         width = max(len(r["input_ids"]) for r in batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         mask = torch.zeros(len(batch), width, dtype=torch.long)
@@ -77,13 +87,24 @@ class Collate:
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+class ExitAt(TrainerCallback):
+    """Ends the process abruptly when step ``step`` begins (after the checkpoints of earlier steps are written)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os._exit(17)
+
+
 class Slow(TrainerCallback):
     """Makes one rank slower (sleep per micro-batch) so El Che's measured split is uneven."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
 
-    def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+    def on_step_begin(self, args, state, control, **kwargs):
         time.sleep(self.seconds)
 
 
@@ -97,22 +118,24 @@ def model(case: dict) -> torch.nn.Module:
 
 
 def main() -> None:
-    case = json.load(open(sys.argv[1]))
+    with open(sys.argv[1]) as f:
+        case = json.load(f)
     out = sys.argv[2]
     rank = int(os.environ.get("RANK", "0"))
     data = rows(case)
-    seen: list = []
+    seen = os.path.join(out, f"seen_{rank}.jsonl")
     reference = "orders" in case
     bs = case["reference_batch"] if reference else case["per_device"]
     args = TrainingArguments(
         output_dir=os.path.join(out, "trainer"), per_device_train_batch_size=bs,
         gradient_accumulation_steps=case["ga"], num_train_epochs=case["epochs"],
         learning_rate=case["lr"], warmup_steps=case["warmup"], weight_decay=case["wd"],
-        max_grad_norm=case["clip"], lr_scheduler_type="linear", logging_steps=1, save_strategy="no",
+        max_grad_norm=case["clip"], lr_scheduler_type="linear", logging_steps=1,
+        save_strategy="steps" if case.get("save_steps") else "no", save_steps=case.get("save_steps") or 500,
         report_to=[], use_cpu=True, seed=case["seed"], disable_tqdm=True,
         train_sampling_strategy="sequential" if reference else case.get("strategy", "random"),
         dataloader_drop_last=case.get("drop_last", False), optim="adamw_torch", remove_unused_columns=False)
-    common = dict(model=model(case), args=args, data_collator=Collate(seen))
+    common = {"model": model(case), "args": args, "data_collator": Collate(seen)}
     if reference:
         ordered = Rows(data, case["orders"])
         trainer = Trainer(train_dataset=ordered, callbacks=[Epochs(ordered)], **common)
@@ -120,11 +143,10 @@ def main() -> None:
         from flodl_hf.integrations import ElCheArguments, ElCheTrainer
 
         slow = case.get("slow", {}).get(str(rank))
+        callbacks = ([Slow(slow)] if slow else []) + ([ExitAt(case["exit_at"])] if case.get("exit_at") else [])
         trainer = ElCheTrainer(train_dataset=Rows(data), elche=ElCheArguments(**case.get("elche", {})),
-                               callbacks=[Slow(slow)] if slow else None, **common)
-    trainer.train()
-    with open(os.path.join(out, f"seen_{rank}.json"), "w") as f:
-        json.dump(seen, f)
+                               callbacks=callbacks, **common)
+    trainer.train(resume_from_checkpoint=case.get("resume"))
     if rank == 0:
         torch.save({k: v.detach().cpu() for k, v in trainer.model.state_dict().items()},
                    os.path.join(out, "params.pt"))

@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                      "flodl_hf.data", "flodl_hf.metrics", "model_cards")),
     ("engine", ("flodl_hf.distributed", "flodl_hf.checkpoint.graph_state", "flodl_hf.graph", "flodl_hf.replica",
                 "flodl_hf.trainer", "flodl_hf.builder")),
-    ("products", ("flodl_hf.export",)),
+    ("products", ("flodl_hf.export", "flodl_hf.integrations")),
     ("heads", ("heads",)),
     ("jobs", ("flodl_hf.job", "flodl_hf.bench")),
     ("cli", ("flodl_hf.cli", "flodl_hf.__main__", "flodl_hf")),  # ``flodl_hf`` itself: the lazy public facade
