@@ -13,7 +13,9 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 import trainer_runs
+import trainer_script
 
 pytestmark = pytest.mark.slow
 
@@ -62,3 +64,23 @@ def test_n_ranks_equal_one_trainer_process(seed, tmp_path):
     assert lr == lr_ref and len(lr) > 0
     shares = [h for h in trainer_runs.log(tmp_path / "elche") if "elche_share_0" in h]
     assert shares and all(abs(sum(h[f"elche_share_{r}"] for r in range(world)) - 1) < 1e-3 for h in shares)
+
+
+def test_peft_lora_with_drop_last_equals_one_process(tmp_path):
+    """A peft LoRA model (only adapters and the classifier train) and a dropped short tail, on 2 ranks; El Che's
+    split and sync share reach TensorBoard through ``report_to``."""
+    case = {"model": "seq", "lora": True, "n": 45, "data_seed": 31, "init_seed": 32, "per_device": 4, "ga": 2,
+            "epochs": 2, "lr": 3e-3, "warmup": 2, "wd": 0.01, "clip": 0.5, "seed": 33, "drop_last": True,
+            "elche": {"batch_sizes": [6, 2]}}
+    trainer_runs.run(dict(case, report_to=["tensorboard"]), tmp_path / "elche", 2)
+    tags = trainer_runs.tensorboard_tags(tmp_path / "elche")
+    assert {"train/elche_share_0", "train/elche_share_1", "train/elche_sync_share", "train/loss"} <= tags, tags
+    orders = trainer_runs.windows_order(case, trainer_runs.seen(tmp_path / "elche", 2), 8)
+    assert [len(o) for o in orders] == [40, 40]
+    trainer_runs.run(dict(case, orders=orders, reference_batch=8), tmp_path / "reference", 0)
+    elche, reference = trainer_runs.params(tmp_path / "elche"), trainer_runs.params(tmp_path / "reference")
+    assert trainer_runs.max_diff(elche, reference) < 1e-5
+    start = {k: v.detach() for k, v in trainer_script.model(case).state_dict().items()}
+    frozen = [k for k in elche if "lora_" not in k and "classifier" not in k]
+    assert frozen and all(torch.equal(elche[k], start[k]) for k in frozen)  # the base model did not move
+    assert max((elche[k] - start[k]).abs().max().item() for k in elche if "lora_B" in k) > 1e-4  # adapters trained

@@ -114,7 +114,15 @@ def model(case: dict) -> torch.nn.Module:
                      max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                      classifier_dropout=0.0, num_labels=3)
     cls = BertForTokenClassification if case["model"] == "token" else BertForSequenceClassification
-    return cls(cfg)
+    net = cls(cfg)
+    if case.get("lora"):
+        from peft import LoraConfig, get_peft_model
+
+        torch.manual_seed(case["init_seed"] + 1)
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"], lora_dropout=0.0,
+                          init_lora_weights="gaussian", modules_to_save=["classifier"])
+        net = get_peft_model(net, lora)
+    return net
 
 
 def main() -> None:
@@ -132,7 +140,7 @@ def main() -> None:
         learning_rate=case["lr"], warmup_steps=case["warmup"], weight_decay=case["wd"],
         max_grad_norm=case["clip"], lr_scheduler_type="linear", logging_steps=1,
         save_strategy="steps" if case.get("save_steps") else "no", save_steps=case.get("save_steps") or 500,
-        report_to=[], use_cpu=True, seed=case["seed"], disable_tqdm=True,
+        report_to=case.get("report_to", []), use_cpu=True, seed=case["seed"], disable_tqdm=True,
         train_sampling_strategy="sequential" if reference else case.get("strategy", "random"),
         dataloader_drop_last=case.get("drop_last", False), optim="adamw_torch", remove_unused_columns=False)
     common = {"model": model(case), "args": args, "data_collator": Collate(seen)}
