@@ -43,26 +43,44 @@ def random_case(seed: int) -> tuple[dict, int]:
     return case, world
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_n_ranks_equal_one_trainer_process(seed, tmp_path):
-    case, world = random_case(seed)
-    trainer_runs.run(case, tmp_path / "elche", world)
-    micro = trainer_runs.seen(tmp_path / "elche", world)
+SEEDS = range(6)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """Every case: ElCheTrainer on its ranks (one launch per world size), then every reference in one process."""
+    base = tmp_path_factory.mktemp("exact")
+    cases = {seed: random_case(seed) for seed in SEEDS}
+    for world in (2, 3):
+        batch = [(case, base / f"elche{seed}") for seed, (case, w) in cases.items() if w == world]
+        if batch:
+            trainer_runs.run(batch, base / f"launch{world}", world)
+    references = []
+    for seed, (case, world) in cases.items():
+        unit = case["per_device"] * world
+        orders = trainer_runs.windows_order(case, trainer_runs.seen(base / f"elche{seed}", world), unit)
+        references.append((dict(case, orders=orders, reference_batch=unit), base / f"reference{seed}"))
+    trainer_runs.run(references, base / "launch_reference", 0)
+    return {seed: (case, world, base / f"elche{seed}", base / f"reference{seed}")
+            for seed, (case, world) in cases.items()}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_n_ranks_equal_one_trainer_process(runs, seed):
+    case, world, elche, reference = runs[seed]
+    micro = trainer_runs.seen(elche, world)
     unit = case["per_device"] * world
     sizes = {len(batches[0]) for batches in micro}
     assert len(sizes) > 1 or world * sizes.pop() != unit or "slow" in case, f"the split was even: {case}"
-    orders = trainer_runs.windows_order(case, micro, unit)
-    for order in orders:  # every sample of every epoch once (drop_last: all but the short tail)
+    for order in trainer_runs.windows_order(case, micro, unit):  # each sample of each epoch once (bar a dropped tail)
         assert len(order) == len(set(order))
         assert len(order) == (case["n"] // unit * unit if case["drop_last"] else case["n"])
-    reference = dict(case, orders=orders, reference_batch=unit)
-    trainer_runs.run(reference, tmp_path / "reference", 0)
-    diff = trainer_runs.max_diff(trainer_runs.params(tmp_path / "elche"), trainer_runs.params(tmp_path / "reference"))
+    diff = trainer_runs.max_diff(trainer_runs.params(elche), trainer_runs.params(reference))
     assert diff < 1e-5, (diff, case)
-    lr = [h["learning_rate"] for h in trainer_runs.log(tmp_path / "elche") if "learning_rate" in h]
-    lr_ref = [h["learning_rate"] for h in trainer_runs.log(tmp_path / "reference") if "learning_rate" in h]
+    lr = [h["learning_rate"] for h in trainer_runs.log(elche) if "learning_rate" in h]
+    lr_ref = [h["learning_rate"] for h in trainer_runs.log(reference) if "learning_rate" in h]
     assert lr == lr_ref and len(lr) > 0
-    shares = [h for h in trainer_runs.log(tmp_path / "elche") if "elche_share_0" in h]
+    shares = [h for h in trainer_runs.log(elche) if "elche_share_0" in h]
     assert shares and all(abs(sum(h[f"elche_share_{r}"] for r in range(world)) - 1) < 1e-3 for h in shares)
 
 

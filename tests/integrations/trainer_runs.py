@@ -26,10 +26,13 @@ def env() -> dict:
     return out
 
 
-def run(case: dict, out: Path, world: int, timeout: float = 300, expect: int = 0) -> subprocess.CompletedProcess:
-    """``case`` under ``torchrun --nproc-per-node world`` (ElCheTrainer), or one process when it has ``orders``."""
+def run(case: dict | list, out: Path, world: int, timeout: float = 300,
+        expect: int = 0) -> subprocess.CompletedProcess:
+    """``case`` under ``torchrun --nproc-per-node world`` (ElCheTrainer), or one process (``world=0``) when it has
+    ``orders`` (the reference). ``case`` may be a list of ``(case, out_dir)``: all run in turn in one launch."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "case.json").write_text(json.dumps(case))
+    spec = [[c, str(o)] for c, o in case] if isinstance(case, list) else case
+    (out / "case.json").write_text(json.dumps(spec))
     if world == 0:
         cmd = [sys.executable, str(SCRIPT), str(out / "case.json"), str(out)]
     else:

@@ -1,6 +1,6 @@
 """One run of a tiny model under `transformers.Trainer` or `ElCheTrainer`, for the integration's tests.
 
-Run as ``python trainer_script.py CASE.json OUT_DIR`` (one process: the reference) or under ``torchrun`` (ElCheTrainer
+Run as ``python trainer_script.py CASE.json OUT_DIR`` (or ``RUNS.json``, a list of ``[case, out_dir]`` run in turn) (one process: the reference) or under ``torchrun`` (ElCheTrainer
 on each rank). CASE.json says the model, data, Trainer arguments and El Che settings; ``orders`` (per epoch, a list of
 dataset indices) replays a recorded sample order through a sequential sampler, which is how the reference sees "the
 concatenated windows". Each rank writes the dataset indices of every micro-batch its collator saw; rank 0 writes the
@@ -125,10 +125,9 @@ def model(case: dict) -> torch.nn.Module:
     return net
 
 
-def main() -> None:
-    with open(sys.argv[1]) as f:
-        case = json.load(f)
-    out = sys.argv[2]
+def train(case: dict, out: str) -> None:
+    """One run of ``case``, writing into ``out``."""
+    os.makedirs(out, exist_ok=True)
     rank = int(os.environ.get("RANK", "0"))
     data = rows(case)
     seen = os.path.join(out, f"seen_{rank}.jsonl")
@@ -160,6 +159,16 @@ def main() -> None:
                    os.path.join(out, "params.pt"))
         with open(os.path.join(out, "log.json"), "w") as f:
             json.dump(trainer.state.log_history, f)
+
+
+def main() -> None:
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    if isinstance(spec, list):  # several runs in one launch: [[case, out], ...] (saves a process start each)
+        for case, out in spec:
+            train(case, out)
+    else:
+        train(spec, sys.argv[2])
 
 
 if __name__ == "__main__":
