@@ -2,8 +2,8 @@
 
 Seeded random cases (2 and 3 ranks, pinned, hinted and measured uneven splits, sequence and token classification
 with masked labels, gradient accumulation, warmup and linear decay, weight-decay groups, clipping, short final
-micro-batches and windows): the final parameters agree within 1e-5 and the learning rate of every optimizer step is
-the same. The reference is one `transformers.Trainer` process fed, through a sequential sampler, the union of the
+micro-batches and windows): the final parameters agree within 1e-5 (one case in bf16 autocast: within 2e-3) and
+the learning rate of every optimizer step is the same. The reference is one `transformers.Trainer` process fed, through a sequential sampler, the union of the
 micro-batches the ranks ran, in order. Shown failing once: weighing each rank's mean loss equally instead of by its
 share of the micro-batch's items leaves 6e-3 between the parameters.
 """
@@ -16,6 +16,7 @@ import pytest
 import torch
 import trainer_runs
 import trainer_script
+from gpu import requires_gpus
 
 pytestmark = pytest.mark.slow
 
@@ -51,6 +52,7 @@ def runs(tmp_path_factory) -> dict:
     """Every case: ElCheTrainer on its ranks (one launch per world size), then every reference in one process."""
     base = tmp_path_factory.mktemp("exact")
     cases = {seed: random_case(seed) for seed in SEEDS}
+    cases["bf16"] = (dict(random_case(3)[0], bf16=True), 2)
     for world in (2, 3):
         batch = [(case, base / f"elche{seed}") for seed, (case, w) in cases.items() if w == world]
         if batch:
@@ -65,7 +67,7 @@ def runs(tmp_path_factory) -> dict:
             for seed, (case, world) in cases.items()}
 
 
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("seed", [*SEEDS, "bf16"])
 def test_n_ranks_equal_one_trainer_process(runs, seed):
     case, world, elche, reference = runs[seed]
     micro = trainer_runs.seen(elche, world)
@@ -76,7 +78,7 @@ def test_n_ranks_equal_one_trainer_process(runs, seed):
         assert len(order) == len(set(order))
         assert len(order) == (case["n"] // unit * unit if case["drop_last"] else case["n"])
     diff = trainer_runs.max_diff(trainer_runs.params(elche), trainer_runs.params(reference))
-    assert diff < 1e-5, (diff, case)
+    assert diff < (2e-3 if case.get("bf16") else 1e-5), (diff, case)  # bf16 rounds differently per batch shape
     lr = [h["learning_rate"] for h in trainer_runs.log(elche) if "learning_rate" in h]
     lr_ref = [h["learning_rate"] for h in trainer_runs.log(reference) if "learning_rate" in h]
     assert lr == lr_ref and len(lr) > 0
@@ -102,3 +104,14 @@ def test_peft_lora_with_drop_last_equals_one_process(tmp_path):
     frozen = [k for k in elche if "lora_" not in k and "classifier" not in k]
     assert frozen and all(torch.equal(elche[k], start[k]) for k in frozen)  # the base model did not move
     assert max((elche[k] - start[k]).abs().max().item() for k in elche if "lora_B" in k) > 1e-4  # adapters trained
+
+
+@requires_gpus(2)
+def test_two_gpus_over_nccl_equal_one_gpu(tmp_path):
+    """The CUDA / NCCL path: the same contract with each rank on its own GPU, the reference on one GPU."""
+    case = dict(random_case(4)[0], cuda=True)
+    trainer_runs.run(case, tmp_path / "elche", 2)
+    orders = trainer_runs.windows_order(case, trainer_runs.seen(tmp_path / "elche", 2), case["per_device"] * 2)
+    trainer_runs.run(dict(case, orders=orders, reference_batch=case["per_device"] * 2), tmp_path / "reference", 0)
+    assert trainer_runs.max_diff(trainer_runs.params(tmp_path / "elche"),
+                                 trainer_runs.params(tmp_path / "reference")) < 1e-4  # TF32 / kernel choice

@@ -139,9 +139,10 @@ def train(case: dict, out: str) -> None:
         learning_rate=case["lr"], warmup_steps=case["warmup"], weight_decay=case["wd"],
         max_grad_norm=case["clip"], lr_scheduler_type="linear", logging_steps=1,
         save_strategy="steps" if case.get("save_steps") else "no", save_steps=case.get("save_steps") or 500,
-        report_to=case.get("report_to", []), use_cpu=True, seed=case["seed"], disable_tqdm=True,
+        report_to=case.get("report_to", []), use_cpu=not case.get("cuda", False), seed=case["seed"], disable_tqdm=True,
         train_sampling_strategy="sequential" if reference else case.get("strategy", "random"),
-        dataloader_drop_last=case.get("drop_last", False), optim="adamw_torch", remove_unused_columns=False)
+        dataloader_drop_last=case.get("drop_last", False), optim="adamw_torch", remove_unused_columns=False,
+        bf16=case.get("bf16", False))
     common = {"model": model(case), "args": args, "data_collator": Collate(seen)}
     if reference:
         ordered = Rows(data, case["orders"])
