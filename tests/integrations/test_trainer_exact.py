@@ -2,10 +2,12 @@
 
 Seeded random cases (2 and 3 ranks, pinned, hinted and measured uneven splits, sequence and token classification
 with masked labels, gradient accumulation, warmup and linear decay, weight-decay groups, clipping, short final
-micro-batches and windows): the final parameters agree within 1e-5 (one case in bf16 autocast: within 2e-3) and
-the learning rate of every optimizer step is the same. The reference is one `transformers.Trainer` process fed, through a sequential sampler, the union of the
+micro-batches and windows; a ``compute_loss_func`` normalised by ``num_items_in_batch``, with
+``average_tokens_across_devices=False``): the final parameters agree within 1e-5 (one case in bf16 autocast: within
+2e-3) and the learning rate of every optimizer step is the same. The reference is one `transformers.Trainer` process fed, through a sequential sampler, the union of the
 micro-batches the ranks ran, in order. Shown failing once: weighing each rank's mean loss equally instead of by its
-share of the micro-batch's items leaves 6e-3 between the parameters.
+share of the micro-batch's items leaves 6e-3 between the parameters; treating a loss normalised by
+``num_items_in_batch`` as a per-rank mean fails the ``loss_func`` case.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def runs(tmp_path_factory) -> dict:
     base = tmp_path_factory.mktemp("exact")
     cases = {seed: random_case(seed) for seed in SEEDS}
     cases["bf16"] = (dict(random_case(3)[0], bf16=True), 2)
+    cases["loss_func"] = (dict(random_case(0)[0], model="token", loss_func=True, average_tokens=False), 3)
     for world in (2, 3):
         batch = [(case, base / f"elche{seed}") for seed, (case, w) in cases.items() if w == world]
         if batch:
@@ -67,7 +70,7 @@ def runs(tmp_path_factory) -> dict:
             for seed, (case, world) in cases.items()}
 
 
-@pytest.mark.parametrize("seed", [*SEEDS, "bf16"])
+@pytest.mark.parametrize("seed", [*SEEDS, "bf16", "loss_func"])
 def test_n_ranks_equal_one_trainer_process(runs, seed):
     case, world, elche, reference = runs[seed]
     micro = trainer_runs.seen(elche, world)

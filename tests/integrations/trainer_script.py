@@ -108,6 +108,14 @@ class Slow(TrainerCallback):
         time.sleep(self.seconds)
 
 
+def summed_loss(outputs, labels, num_items_in_batch=None):  # noqa: ANN001, ANN201
+    """The usual custom loss: a sum over the labelled items divided by Trainer's ``num_items_in_batch``."""
+    logits = outputs["logits"]
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                             ignore_index=-100, reduction="sum")
+    return loss / num_items_in_batch
+
+
 def model(case: dict) -> torch.nn.Module:
     torch.manual_seed(case["init_seed"])
     cfg = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
@@ -142,8 +150,9 @@ def train(case: dict, out: str) -> None:
         report_to=case.get("report_to", []), use_cpu=not case.get("cuda", False), seed=case["seed"], disable_tqdm=True,
         train_sampling_strategy="sequential" if reference else case.get("strategy", "random"),
         dataloader_drop_last=case.get("drop_last", False), optim="adamw_torch", remove_unused_columns=False,
-        bf16=case.get("bf16", False))
-    common = {"model": model(case), "args": args, "data_collator": Collate(seen)}
+        bf16=case.get("bf16", False), average_tokens_across_devices=case.get("average_tokens", True))
+    common = {"model": model(case), "args": args, "data_collator": Collate(seen),
+              "compute_loss_func": summed_loss if case.get("loss_func") else None}
     if reference:
         ordered = Rows(data, case["orders"])
         trainer = Trainer(train_dataset=ordered, callbacks=[Epochs(ordered)], **common)
