@@ -8,12 +8,15 @@ that exists. The refusals live here, apart from the trainer, so they read as one
 from __future__ import annotations
 
 import numbers
+import os
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["MIN_TRANSFORMERS", "ElCheArguments", "check_trainer"]
 
-#: The oldest transformers the integration is tested with (it relies on 5.x's `_run_epoch` loop shape).
+#: The oldest transformers the integration was tested with (the exactness cases pass unchanged on 5.0.0 and 5.24;
+#: 4.57 passes too but lacks `train_sampling_strategy`; before 4.55 Trainer divides a short last accumulation window
+#: by `gradient_accumulation_steps`, not its length, which no split can match step for step).
 MIN_TRANSFORMERS = "5.0.0"
 
 
@@ -61,6 +64,14 @@ def check_trainer(trainer: Any) -> None:
         _refuse("transformers", transformers.__version__, "is older than the integration supports",
                 f"install transformers>={MIN_TRANSFORMERS}")
     args = trainer.args
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if launched > 1 and args.world_size == 1:
+        if not args.use_cpu and args.device.type == "cpu":
+            _refuse("use_cpu", args.use_cpu, f"on a machine without CUDA leaves each of the {launched} launched ranks "
+                    "training alone on the whole data set (transformers sees no distributed run)",
+                    "pass use_cpu=True to TrainingArguments")
+        _refuse("world_size", args.world_size, f"but the launcher started {launched} ranks (WORLD_SIZE): each would "
+                "train alone", "launch with torchrun or accelerate launch so that TrainingArguments sees them")
     if getattr(trainer, "is_deepspeed_enabled", False) or args.deepspeed:
         _refuse("deepspeed", args.deepspeed, "is not supported by El Che (DeepSpeed owns the reduction)",
                 "remove deepspeed, or use transformers.Trainer for DeepSpeed runs")

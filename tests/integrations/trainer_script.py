@@ -179,6 +179,8 @@ def main() -> None:
             train(case, out)
     else:
         train(spec, sys.argv[2])
+    if torch.distributed.is_initialized():  # a clean gloo shutdown (5.0.0 ranks sometimes aborted at exit without)
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

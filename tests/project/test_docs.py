@@ -58,7 +58,7 @@ SKIP_TAGS = {
 #: Pages whose blocks together take more than ~20 s on 2 CPU cores. The README's run (about 25 s) is one of them,
 #: to keep the quick subset under its 3 minutes; the README's static checks (links, commands, length) stay quick.
 SLOW_PAGES = {"README.md", "docs/cli.md", "docs/tasks.md", "docs/setup-mode.md", "docs/exactness.md",
-              "docs/builder.md"}
+              "docs/builder.md", "docs/trainer.md"}
 #: What the blocks' working directory links from the checkout.
 LINKED = ("examples", "benchmarks")
 #: Launcher variables that must not leak from the test's environment into a block.
