@@ -4,7 +4,8 @@ Why it exists: without DDP (El Che's micro-batches differ in size per rank) the 
 rank's accumulated gradient is already scaled so that the *sum* over ranks is the gradient one process would have
 (see ``flodl_hf.integrations.loss``), so one SUM all-reduce, in buckets, is the whole reduction. A parameter no rank
 gave a gradient ends with ``grad = None`` on every rank, as on one process, so Adam-type optimizers skip it.
-The per-rank timings travel in a small float64 vector reduced alongside (each rank writes only its own slots).
+The per-rank timings and counts ride at the front of the first bucket (each rank writes only its own slots, or a
+sum), so a window costs one collective per bucket.
 """
 
 from __future__ import annotations
@@ -44,22 +45,30 @@ class GradSum:
         if current:
             self.buckets.append(current)
 
-    def reduce(self, extra: Sequence[float]) -> list[float]:
-        """Sum every rank's gradients in place; returns ``extra`` summed over the ranks."""
+    def reduce(self, extra: Sequence[float], divisor_slot: int | None = None) -> list[float]:
+        """Sum every rank's gradients in place; returns ``extra`` summed over the ranks.
+
+        The presence flags and ``extra`` ride at the front of the first bucket (one collective per bucket). With
+        ``divisor_slot``, the summed gradients are divided by the summed ``extra[divisor_slot]`` (a window's
+        denominator known only at its end)."""
         params = self.params
-        meta = torch.tensor([0.0 if p.grad is None else 1.0 for p in params] + [float(x) for x in extra],
-                            dtype=torch.float64, device=self.device)
+        head = [0.0 if p.grad is None else 1.0 for p in params] + [float(x) for x in extra]
         flats = []
-        for bucket in self.buckets:
-            flats.append(torch.cat([
-                (params[i].grad if params[i].grad is not None else torch.zeros_like(params[i]))
-                .detach().reshape(-1).to(torch.float32) for i in bucket]))
-        handles = [dist.all_reduce(meta, async_op=True)] + [dist.all_reduce(f, async_op=True) for f in flats]
+        for b, bucket in enumerate(self.buckets):
+            parts = [torch.tensor(head, dtype=torch.float32, device=self.device)] if b == 0 else []
+            parts += [(params[i].grad if params[i].grad is not None else torch.zeros_like(params[i]))
+                      .detach().reshape(-1).to(torch.float32) for i in bucket]
+            flats.append(torch.cat(parts))
+        handles = [dist.all_reduce(f, async_op=True) for f in flats]
         for h in handles:
             h.wait()
-        presence = meta[: len(params)].tolist()
-        for bucket, flat in zip(self.buckets, flats):
-            offset = 0
+        summed = flats[0][: len(head)].tolist()
+        presence, out = summed[: len(params)], summed[len(params):]
+        divisor = out[divisor_slot] if divisor_slot is not None else None
+        for b, (bucket, flat) in enumerate(zip(self.buckets, flats)):
+            offset = len(head) if b == 0 else 0
+            if divisor:
+                flat.div_(divisor)
             for i in bucket:
                 p, n = params[i], params[i].numel()
                 if presence[i] == 0:
@@ -71,4 +80,4 @@ class GradSum:
                     else:
                         p.grad.copy_(value)
                 offset += n
-        return meta[len(params):].tolist()
+        return out

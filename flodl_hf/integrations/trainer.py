@@ -24,6 +24,7 @@ import json
 import os
 import time
 from collections import deque
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -74,6 +75,21 @@ def _depends_on(loss: torch.Tensor, leaf: torch.Tensor) -> bool:
     return False
 
 
+@dataclass
+class _Part:
+    """One micro-batch of this rank in the current window, queued when the window is drawn.
+
+    ``total_items`` / ``total_samples`` are the counts of the whole global micro-batch (all ranks), or None when
+    the window has one micro-batch and the denominator rides with the gradients instead."""
+
+    weight: int
+    items: int | None
+    total_items: float | None
+    samples: int
+    total_samples: float | None
+    window: int
+
+
 class ElCheTrainer(Trainer):
     """`transformers.Trainer` with El Che: takes Trainer's arguments, plus ``elche=ElCheArguments(...)``.
 
@@ -103,6 +119,9 @@ class ElCheTrainer(Trainer):
         self._elche_work = 0.0
         self._elche_sync_ms = 0.0
         self._elche_sync_share: float | None = None
+        self._elche_denominator = 0.0  # a one-micro-batch window's own count (items or samples), summed at its end
+        self._elche_loss: Any = 0.0  # the window's loss (its sum when the denominator is deferred), for Trainer's log
+        self._elche_logged = 0.0
 
     # -- properties a user or a callback may read ------------------------------------------------------------
     @property
@@ -259,18 +278,26 @@ class ElCheTrainer(Trainer):
             return batches, self._get_num_items_in_batch(batches, device)
         items = [self._items(b) for b in batches]
         samples = [self._samples(b) for b in batches]
+        n = len(batches)
+        counted = bool(batches) and "labels" in batches[0] and (
+            self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
+        if n == 1:
+            # A one-micro-batch window has one denominator, so it can ride with the gradients (no collective here):
+            # each rank back-propagates its loss *sum* and the reduced gradient is divided by the summed count.
+            self._elche_queue.append(_Part(weights[0], items[0], None, samples[0], None, 1))
+            return batches, None
         local = [w * (i or 0) for w, i in zip(weights, items)] + [w * s for w, s in zip(weights, samples)]
         counts = torch.tensor(local, dtype=torch.float64, device=self.args.device)
         dist.all_reduce(counts)
-        n = len(batches)
         totals, sample_totals = counts[:n].tolist(), counts[n:].tolist()
         for k in range(n):
-            self._elche_queue.append((weights[k], items[k], totals[k], samples[k], sample_totals[k], n))
-        counted = bool(batches) and "labels" in batches[0] and (
-            self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
+            self._elche_queue.append(_Part(weights[k], items[k], totals[k], samples[k], sample_totals[k], n))
         if not counted:
             return batches, None
         return batches, torch.tensor(sum(totals), device=device) / 1  # the float tensor one process passes
+
+    def _counted(self, inputs: Any) -> bool:
+        return "labels" in inputs and (self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
 
     def _trainer_factor(self, num_items: Any) -> int:
         """The factor Trainer's ``compute_loss`` multiplies by to cancel DDP's mean (there is no DDP here)."""
@@ -287,14 +314,19 @@ class ElCheTrainer(Trainer):
     def training_step(self, model: torch.nn.Module, inputs: dict, num_items_in_batch: Any = None) -> torch.Tensor:
         if not self._elche_on:
             return super().training_step(model, inputs, num_items_in_batch)
-        weight, items, total_items, samples, total_samples, window = self._elche_queue.popleft()
+        part = self._elche_queue.popleft()
         start = time.perf_counter()
         model.train()
         if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
             self.optimizer.train()
+        deferred = part.total_samples is None
+        denominator = part.samples if part.items is None else part.items
+        if deferred and self._counted(inputs) and part.items is not None:
+            # this rank's own count: the loss comes back as a mean over it, whether or not the model uses it
+            num_items_in_batch = torch.tensor(float(max(part.items, 1)), device=self.args.device)
         inputs = self._prepare_inputs(inputs)
         probe = None
-        if num_items_in_batch is not None and self._elche_honors_items is None:
+        if not deferred and num_items_in_batch is not None and self._elche_honors_items is None:
             probe = num_items_in_batch.detach().clone().requires_grad_(True)
             num_items_in_batch = probe
         with self.compute_loss_context_manager():
@@ -302,30 +334,40 @@ class ElCheTrainer(Trainer):
         if probe is not None:
             self._elche_honors_items = loss.requires_grad and _depends_on(loss, probe)
         del inputs
-        loss = self._contribution(loss, num_items_in_batch, weight, items, total_items, samples, total_samples,
-                                  window)
-        self.accelerator.backward(loss)
+        if deferred:
+            loss = loss / self._trainer_factor(num_items_in_batch) * float(denominator)  # this rank's loss sum
+        else:
+            loss = self._contribution(loss, num_items_in_batch, part)
+        counts = bool(part.weight and denominator)
+        # A weight-0 sample, or a share without a labelled item (its mean loss is NaN), adds nothing; its backward
+        # still runs, at zero, so that each parameter ends with a gradient exactly when one process gives it one
+        # (one process back-propagates the whole micro-batch, even one without labelled items: zeros, not None).
+        self.accelerator.backward(loss if counts else loss * 0.0)
         self._elche_wall += time.perf_counter() - start
-        self._elche_work += weight * samples
-        if self.accelerator.sync_gradients:
-            self._close_window(model, window)
-        return loss.detach() * self._elche_world
+        self._elche_work += part.weight * part.samples
+        self._elche_denominator += part.weight * denominator if deferred else 0.0
+        if counts:
+            self._elche_loss = self._elche_loss + loss.detach().float()
+        if not self.accelerator.sync_gradients:
+            return torch.zeros((), device=self.args.device)
+        self._close_window(model, part.window, deferred)
+        # the window's one-process loss, the same on every rank (Trainer logs the mean over ranks of what it gets)
+        return torch.tensor(self._elche_logged, device=self.args.device)
 
-    def _contribution(self, loss: torch.Tensor, num_items: Any, weight: int, items: int | None,
-                      total_items: float, samples: int, total_samples: float, window: int) -> torch.Tensor:
+    def _contribution(self, loss: torch.Tensor, num_items: Any, part: _Part) -> torch.Tensor:
         """This rank's part of the loss one process computes for the whole micro-batch (summed over ranks)."""
         loss = loss / self._trainer_factor(num_items)
         if not (num_items is not None and self._elche_honors_items):
             # the loss is a mean over this rank's own items (or samples): weigh it by its share of the micro-batch
-            if items is not None:
-                loss = loss * (items / total_items) if total_items > 0 else loss * 0.0
+            if part.items is not None:
+                loss = loss * (part.items / part.total_items) if part.total_items > 0 else loss * 0.0
             else:
-                loss = loss * (samples / total_samples)
+                loss = loss * (part.samples / part.total_samples)
         if not self._scaled_for_ga(num_items):
-            loss = loss / window
-        return loss * weight
+            loss = loss / part.window
+        return loss
 
-    def _close_window(self, model: torch.nn.Module, micro_batches: int) -> None:
+    def _close_window(self, model: torch.nn.Module, micro_batches: int, deferred: bool) -> None:
         """Sum the window's gradients over the ranks and feed El Che the window's timings."""
         device = self.args.device
         if device.type == "cuda":
@@ -335,21 +377,24 @@ class ElCheTrainer(Trainer):
                 a is not b for a, b in zip(self._elche_sum.params, params)):
             self._elche_sum = GradSum(params, device)
         world, rank = self._elche_world, self._elche_rank
-        extra = [0.0] * (3 * world)
+        extra = [0.0] * (3 * world + 2)
         extra[rank], extra[world + rank], extra[2 * world + rank] = (
             self._elche_wall * 1000.0, self._elche_work, self._elche_sync_ms)
+        extra[-2], extra[-1] = self._elche_denominator, float(self._elche_loss)
         start = time.perf_counter()
-        sums = self._elche_sum.reduce(extra)
+        sums = self._elche_sum.reduce(extra, divisor_slot=len(extra) - 2 if deferred else None)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         sync_ms = (time.perf_counter() - start) * 1000.0
-        wall, work, syncs = sums[:world], sums[world:2 * world], sums[2 * world:]
+        wall, work, syncs = sums[:world], sums[world:2 * world], sums[2 * world:3 * world]
+        self._elche_logged = sums[-1] / sums[-2] if deferred and sums[-2] > 0 else sums[-1]
         if self._elche is not None:
             self._elche.report(wall, work, min(syncs), micro_batches=micro_batches)
             self._elche_plan.sizes = self._elche.batch_sizes()
         compute = max(wall)
         self._elche_sync_share = sync_ms / (compute + sync_ms) if compute + sync_ms > 0 else None
         self._elche_sync_ms, self._elche_wall, self._elche_work = sync_ms, 0.0, 0.0
+        self._elche_denominator, self._elche_loss = 0.0, 0.0
 
     # -- logs and checkpoints ------------------------------------------------------------------------------------
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:

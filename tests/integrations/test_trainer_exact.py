@@ -56,6 +56,9 @@ def runs(tmp_path_factory) -> dict:
     cases = {seed: random_case(seed) for seed in SEEDS}
     cases["bf16"] = (dict(random_case(3)[0], bf16=True), 2)
     cases["loss_func"] = (dict(random_case(0)[0], model="token", loss_func=True, average_tokens=False), 3)
+    for ga in (1, 2):  # shares with no labelled token at all (their mean loss is NaN): one process has none of it
+        cases[f"unlabelled{ga}"] = (dict(random_case(5)[0], model="token", mask=0.9, max_len=4, per_device=2, ga=ga,
+                                         elche={"batch_sizes": [1, 1, 4]}), 3)
     for world in (2, 3):
         batch = [(case, base / f"elche{seed}") for seed, (case, w) in cases.items() if w == world]
         if batch:
@@ -70,7 +73,7 @@ def runs(tmp_path_factory) -> dict:
             for seed, (case, world) in cases.items()}
 
 
-@pytest.mark.parametrize("seed", [*SEEDS, "bf16", "loss_func"])
+@pytest.mark.parametrize("seed", [*SEEDS, "bf16", "loss_func", "unlabelled1", "unlabelled2"])
 def test_n_ranks_equal_one_trainer_process(runs, seed):
     case, world, elche, reference = runs[seed]
     micro = trainer_runs.seen(elche, world)
@@ -85,6 +88,12 @@ def test_n_ranks_equal_one_trainer_process(runs, seed):
     lr = [h["learning_rate"] for h in trainer_runs.log(elche) if "learning_rate" in h]
     lr_ref = [h["learning_rate"] for h in trainer_runs.log(reference) if "learning_rate" in h]
     assert lr == lr_ref and len(lr) > 0
+    # What Trainer logs is one process's figure too; except where a whole micro-batch has no labelled item: one
+    # process then logs a stand-in for its NaN loss (logging_nan_inf_filter), which is not reproduced.
+    for key in ("grad_norm",) if str(seed).startswith("unlabelled") else ("loss", "grad_norm"):
+        ours = [h[key] for h in trainer_runs.log(elche) if key in h and "train_loss" not in h]
+        theirs = [h[key] for h in trainer_runs.log(reference) if key in h and "train_loss" not in h]
+        assert len(ours) == len(theirs) and all(abs(a - b) <= 2e-3 * max(1.0, abs(b)) for a, b in zip(ours, theirs))
     shares = [h for h in trainer_runs.log(elche) if "elche_share_0" in h]
     assert shares and all(abs(sum(h[f"elche_share_{r}"] for r in range(world)) - 1) < 1e-3 for h in shares)
 

@@ -34,7 +34,7 @@ def rows(case: dict) -> list[dict]:
         ids = torch.randint(1, 60, (length,), generator=g).tolist()
         if case["model"] == "token":
             labels = torch.randint(0, 3, (length,), generator=g)
-            labels[torch.rand(length, generator=g) < 0.3] = -100  # masked tokens: items differ from samples
+            labels[torch.rand(length, generator=g) < case.get("mask", 0.3)] = -100  # items differ from samples
             label = labels.tolist()
         else:
             label = int(torch.randint(0, 3, (1,), generator=g))
