@@ -17,13 +17,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import tiny_models
+
 from flodl_hf.distributed.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "run_classification_elche.py"
-ACCURACY = re.compile(r"^held-out accuracy (\d\.\d{3})$", re.M)
+ACCURACY = re.compile(r"^held-out accuracy (\d\.\d{3})$", re.MULTILINE)
 ROWS, EVAL_ROWS, BATCH, WORLD = 256, 64, 4, 2
 STEPS = ROWS // (BATCH * WORLD)  # one epoch at the global batch: 32 steps, logged at 10, 20, 30
 

@@ -108,7 +108,7 @@ class Slow(TrainerCallback):
         time.sleep(self.seconds)
 
 
-def summed_loss(outputs, labels, num_items_in_batch=None):  # noqa: ANN001, ANN201
+def summed_loss(outputs, labels, num_items_in_batch=None):
     """The usual custom loss: a sum over the labelled items divided by Trainer's ``num_items_in_batch``."""
     logits = outputs["logits"]
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
