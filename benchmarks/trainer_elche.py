@@ -69,7 +69,13 @@ def rank_main(spec: dict) -> None:
     if spec["cores"]:
         os.sched_setaffinity(0, {spec["cores"][local_rank]})  # before torch starts its threads
     import torch
-    from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
     from flodl_hf.bench.device_model import REFERENCE_BATCH, DeviceModel, batch_size_of
 
@@ -128,14 +134,14 @@ def rank_main(spec: dict) -> None:
             self._begin = 0.0
             self._seen = 0
 
-        def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+        def on_step_begin(self, args, state, control, **kwargs):
             self._begin, self._seen = time.perf_counter(), seen[0]
 
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
             self.compute_s.append(time.perf_counter() - self._begin)
             self.samples.append(seen[0] - self._seen)
 
-        def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+        def on_step_end(self, args, state, control, **kwargs):
             self.ends.append(time.perf_counter())
             self.sizes.append(getattr(self.trainer, "elche_batch_sizes", None))
             elche = getattr(self.trainer, "elche", None)
@@ -182,6 +188,9 @@ def rank_main(spec: dict) -> None:
             "s_per_step": [round(b - a, 4) for a, b in zip(clock.ends, clock.ends[1:])],
             "elche_batch_sizes": clock.sizes, "elche_ms_per_sample": clock.ms_per_sample, "logs": logs,
         }))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # results are written; skip interpreter teardown, where gloo's threads sometimes abort the process
 
 
 # -- the parent: rounds of both jobs ---------------------------------------------------------------------------------

@@ -23,8 +23,14 @@ import csv
 import numpy as np
 import torch
 from datasets import Dataset
-from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
-                          TrainingArguments, set_seed)
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    DataCollatorWithPadding,
+    Trainer,
+    TrainingArguments,
+    set_seed,
+)
 
 from flodl_hf.defaults import CORPUS_ENCODING, CORPUS_LABELS, default_corpus_path, default_model_path
 from flodl_hf.integrations import ElCheTrainer
@@ -56,7 +62,7 @@ def corpus_rows(train_rows: int, eval_rows: int, seed: int) -> tuple[Dataset, Da
     return data.select(range(train_rows)), data.select(range(train_rows, train_rows + eval_rows))
 
 
-def compute_metrics(eval_pred) -> dict:  # noqa: ANN001
+def compute_metrics(eval_pred) -> dict:
     logits, labels = eval_pred
     return {"accuracy": float((np.argmax(logits, axis=-1) == labels).mean())}
 
@@ -113,6 +119,8 @@ def main() -> None:
         print(f"{type(trainer).__name__} on {args.world_size} rank(s), {opts.train_rows} train rows, "
               f"{trainer.state.global_step} steps", flush=True)
         print(f"held-out accuracy {accuracy:.3f}", flush=True)
+    if torch.distributed.is_initialized():  # leave the process group before exit (under torchrun / accelerate)
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

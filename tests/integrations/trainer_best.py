@@ -10,6 +10,7 @@ import os
 import sys
 
 import numpy as np
+import torch
 import trainer_script
 from transformers import TrainingArguments
 
@@ -35,6 +36,10 @@ def main() -> None:
     digest = hashlib.sha1(b"".join(p.detach().numpy().tobytes() for p in trainer.model.parameters())).hexdigest()
     print(f"rank {os.environ['RANK']} best {trainer.state.best_model_checkpoint} metric {trainer.state.best_metric} "
           f"digest {digest}", flush=True)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    sys.stderr.flush()
+    os._exit(0)  # gloo's threads sometimes abort interpreter teardown ("terminate called ...")
 
 
 if __name__ == "__main__":

@@ -181,6 +181,9 @@ def main() -> None:
         train(spec, sys.argv[2])
     if torch.distributed.is_initialized():  # a clean gloo shutdown (5.0.0 ranks sometimes aborted at exit without)
         torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # everything is written; gloo's threads sometimes abort interpreter teardown ("terminate called ...")
 
 
 if __name__ == "__main__":
