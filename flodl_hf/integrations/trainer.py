@@ -54,6 +54,19 @@ STATE_FILE = "elche_trainer.json"
 _STATE_FORMAT = 1
 
 
+def _read_state(path: str) -> dict:
+    """A checkpoint's ``elche_trainer.json``, refused in one line when it is not one this version wrote."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+        int(state["global_micro_batch"]), int(state["micro_batches_per_window"]), int(state["format"])
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"ElCheTrainer: {path} is not a readable El Che state ({type(exc).__name__}: {exc}): "
+                         "resume from another checkpoint, or delete that file to resume without El Che's state"
+                         ) from None
+    return state
+
+
 class _PlanLoader(torch.utils.data.DataLoader):
     """A DataLoader whose ``set_epoch`` reaches the plan sampler (Trainer calls it before each epoch)."""
 
@@ -150,8 +163,7 @@ class ElCheTrainer(Trainer):
         if path is not None:
             state_file = os.path.join(path, STATE_FILE)
             if os.path.isfile(state_file):
-                with open(state_file, encoding="utf-8") as f:
-                    self._elche_resume = json.load(f)
+                self._elche_resume = _read_state(state_file)
             elif self.is_world_process_zero():
                 print(f"ElCheTrainer: {path} has no {STATE_FILE} (not written by ElCheTrainer): the data position "
                       "is recomputed from this run's batch size", flush=True)

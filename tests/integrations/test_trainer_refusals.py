@@ -115,3 +115,16 @@ def test_el_che_settings_that_do_not_fit_the_ranks(tmp_path):
     for messages in [value for _, value in run_ranks(_on_two_ranks, 2, str(tmp_path / "out"), timeout=120)]:
         for (_, named), text in zip(MISFITS, messages, strict=True):
             assert named in text and "\n" not in text, text
+
+
+@pytest.mark.parametrize("text", ["{", '{"format": 1}', "[]", '{"format": "x", "global_micro_batch": 8, '
+                                  '"micro_batches_per_window": 1}'])
+def test_a_damaged_el_che_state_is_refused_in_one_line(tmp_path, text):
+    checkpoint = tmp_path / "checkpoint-4"
+    checkpoint.mkdir()
+    (checkpoint / "elche_trainer.json").write_text(text)
+    trainer = ElCheTrainer(model=_model(), args=_args(tmp_path, max_steps=1), train_dataset=_Rows())
+    with pytest.raises(ValueError) as excinfo:
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert "is not a readable El Che state" in _message(excinfo) and "resume from another checkpoint" in str(
+        excinfo.value)
