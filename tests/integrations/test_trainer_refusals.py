@@ -117,8 +117,10 @@ def test_el_che_settings_that_do_not_fit_the_ranks(tmp_path):
             assert named in text and "\n" not in text, text
 
 
-@pytest.mark.parametrize("text", ["{", '{"format": 1}', "[]", '{"format": "x", "global_micro_batch": 8, '
-                                  '"micro_batches_per_window": 1}'])
+BAD_FORMAT = '{"format": "x", "global_micro_batch": 8, "micro_batches_per_window": 1}'
+
+
+@pytest.mark.parametrize("text", ["{", '{"format": 1}', "[]", BAD_FORMAT])
 def test_a_damaged_el_che_state_is_refused_in_one_line(tmp_path, text):
     checkpoint = tmp_path / "checkpoint-4"
     checkpoint.mkdir()
