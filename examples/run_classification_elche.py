@@ -119,7 +119,8 @@ def main() -> None:
         print(f"{type(trainer).__name__} on {args.world_size} rank(s), {opts.train_rows} train rows, "
               f"{trainer.state.global_step} steps", flush=True)
         print(f"held-out accuracy {accuracy:.3f}", flush=True)
-    if torch.distributed.is_initialized():  # leave the process group before exit (under torchrun / accelerate)
+    if torch.distributed.is_initialized():  # leave the process group together before exit (torchrun, accelerate):
+        torch.distributed.barrier()         # a rank destroying it while rank 0 still saves can hang the other
         torch.distributed.destroy_process_group()
 
 
