@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, seed_worker
 
 from ..elche.scheduler import ElChe
@@ -65,6 +65,23 @@ def _read_state(path: str) -> dict:
                          "resume from another checkpoint, or delete that file to resume without El Che's state"
                          ) from None
     return state
+
+
+class _EpochSetter(TrainerCallback):
+    """Tells the plan sampler which epoch begins, from Trainer's own step count (``epochs_trained`` is
+    ``global_step // updates_per_epoch`` in Trainer too). Trainer's ``set_epoch`` does not reach the sampler
+    everywhere: in 5.0 a resumed epoch's skipping loader has none, and the sampler would replay another epoch's
+    order."""
+
+    def __init__(self, trainer: ElCheTrainer) -> None:
+        self.trainer = trainer
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        sampler = self.trainer._elche_sampler
+        if sampler is not None:
+            ga = args.gradient_accumulation_steps
+            per_epoch = max(1, -(-len(sampler) // ga))
+            sampler.set_epoch(state.global_step // per_epoch)
 
 
 class _PlanLoader(torch.utils.data.DataLoader):
@@ -135,6 +152,8 @@ class ElCheTrainer(Trainer):
         self._elche_denominator = 0.0  # a one-micro-batch window's own count (items or samples), summed at its end
         self._elche_loss: Any = 0.0  # the window's loss (its sum when the denominator is deferred), for Trainer's log
         self._elche_logged = 0.0
+        self._elche_sampler: PlanBatchSampler | None = None
+        self.add_callback(_EpochSetter(self))
 
     # -- properties a user or a callback may read ------------------------------------------------------------
     @property
@@ -209,6 +228,7 @@ class ElCheTrainer(Trainer):
         sampler = PlanBatchSampler(len(dataset), plan, seed, order=strategy,
                                    lengths=self._train_lengths(dataset) if strategy == "group_by_length" else None,
                                    drop_last=self.args.dataloader_drop_last)
+        self._elche_sampler = sampler
         workers = self.args.dataloader_num_workers
         params: dict[str, Any] = {
             "batch_sampler": sampler, "collate_fn": WeightedCollate(collator), "num_workers": workers,
