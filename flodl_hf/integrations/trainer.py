@@ -4,16 +4,18 @@ Why it exists: most people fine-tune with `transformers.Trainer`. With this clas
 that changes) a fast device takes a larger share of each optimizer step than a slow one, and each step still
 applies exactly the update one process running `transformers.Trainer` would apply to the same samples.
 
-How it maps onto Trainer (transformers 5.x, read from its source; see ``../shared/design/hf-trainer.md``):
+How it maps onto Trainer (transformers 5.0+, read from the 5.24 source; see ``../shared/design/hf-trainer.md``):
 
 * **No DDP.** ``_wrap_model`` prepares the model for evaluation only (autocast, compile) and broadcasts rank 0's
   weights once; the gradient reduction is ours, a SUM all-reduce at the window's last micro-batch inside
   ``training_step``, so Trainer's clipping, ``optimizer.step``, scheduler and callbacks then run unchanged on
   gradients identical on every rank.
 * **Data.** The train loader is ours (``flodl_hf.integrations.plan``): Trainer's windows, El Che's split.
-* **Loss.** ``get_batch_samples`` sums each micro-batch's item and sample counts over the ranks (one small
-  collective per window, like Trainer's own ``average_tokens_across_devices``), so each rank scales its part of a
-  micro-batch to its share of the loss one process computes for the whole micro-batch (``_contribution``).
+* **Loss.** For a window of several micro-batches, ``get_batch_samples`` sums each micro-batch's item and sample
+  counts over the ranks (one small collective per window, like Trainer's own ``average_tokens_across_devices``), so
+  each rank scales its part of a micro-batch to its share of the loss one process computes for the whole
+  micro-batch (``_contribution``). A one-micro-batch window needs no such collective: each rank back-propagates its
+  loss sum and the reduced gradient is divided by the summed count, which rides with it.
 * **Checkpoints.** Trainer's own, plus ``elche_trainer.json`` (the global micro-batch and window shape, El Che's
   state): a resume on any number of ranks keeps the effective batch and sees every remaining sample once.
 """
