@@ -8,12 +8,12 @@ in results.json / table.md. No assertion on the ratio: a timing test on a shared
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import trainer_runs
 
 pytestmark = pytest.mark.slow
 
@@ -22,9 +22,7 @@ BENCH = ROOT / "benchmarks" / "trainer_elche.py"
 
 
 def test_smallest_run_reports_both_trainers_and_the_ratio(tmp_path):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "FLODL_HF_DEVICES")}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    env = trainer_runs.env()
     cmd = [sys.executable, str(BENCH), "--rounds", "1", "--case", "1.0/0.4", "--steps", "4", "--warmup", "2",
            "--per-device", "4", "--layers", "1", "--hidden", "32", "--vocab", "64", "--seq-len", "8",
            "--ms-per-sample", "1", "--logging-steps", "1", "--job-timeout", "240", "--output", str(tmp_path)]

@@ -10,7 +10,6 @@ runs must log El Che's shares (``elche_share_0``) into Trainer's own ``trainer_s
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import tiny_models
+import trainer_runs
 
 from flodl_hf.distributed.launch import free_port
 
@@ -34,17 +34,6 @@ def tiny_bert(tmp_path_factory) -> Path:
     return tiny_models.make_checkpoint("bert", folder, with_classifier=False)
 
 
-def _env() -> dict:
-    env = dict(os.environ)
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                "FLODL_HF_DEVICES"):
-        env.pop(key, None)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               OMP_NUM_THREADS="1")
-    return env
-
-
 def _launch(launcher: str, model: Path, out: Path, *extra: str) -> tuple[str, dict]:
     """Run the example under ``launcher``; return its stdout and the run's trainer_state.json."""
     if launcher == "torchrun":
@@ -57,7 +46,7 @@ def _launch(launcher: str, model: Path, out: Path, *extra: str) -> tuple[str, di
                "--main_process_port", str(free_port())]
     cmd += [str(EXAMPLE), "--model", str(model), "--train-rows", str(ROWS), "--eval-rows", str(EVAL_ROWS),
             "--batch-size", str(BATCH), "--output-dir", str(out), *extra]
-    proc = subprocess.run(cmd, check=False, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, check=False, env=trainer_runs.env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     found = ACCURACY.findall(proc.stdout)
     assert len(found) == 1, proc.stdout  # printed once: by rank 0 only

@@ -18,8 +18,10 @@ SCRIPT = Path(__file__).with_name("trainer_script.py")
 
 
 def env() -> dict:
+    """A launch's environment: this checkout first, offline, one thread, no launcher variables inherited."""
     out = dict(os.environ)
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "FLODL_HF_DEVICES"):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "FLODL_HF_DEVICES"):
         out.pop(key, None)
     out["PYTHONPATH"] = os.pathsep.join([str(ROOT), out.get("PYTHONPATH", "")])
     out.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
