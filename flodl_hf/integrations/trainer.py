@@ -71,9 +71,9 @@ def _read_state(path: str) -> dict:
 
 class _EpochSetter(TrainerCallback):
     """Tells the plan sampler which epoch begins, from Trainer's own step count (``epochs_trained`` is
-    ``global_step // updates_per_epoch`` in Trainer too). Trainer's ``set_epoch`` does not reach the sampler
-    everywhere: in 5.0 a resumed epoch's skipping loader has none, and the sampler would replay another epoch's
-    order."""
+    ``global_step // updates_per_epoch`` in Trainer too). The one source of the sampler's epoch: Trainer's
+    ``set_epoch`` does not reach it everywhere (in 5.0 a resumed epoch's skipping loader has none, and the sampler
+    would replay another epoch's order)."""
 
     def __init__(self, trainer: ElCheTrainer) -> None:
         self.trainer = trainer
@@ -84,13 +84,6 @@ class _EpochSetter(TrainerCallback):
             ga = args.gradient_accumulation_steps
             per_epoch = max(1, -(-len(sampler) // ga))
             sampler.set_epoch(state.global_step // per_epoch)
-
-
-class _PlanLoader(torch.utils.data.DataLoader):
-    """A DataLoader whose ``set_epoch`` reaches the plan sampler (Trainer calls it before each epoch)."""
-
-    def set_epoch(self, epoch: int) -> None:
-        self.batch_sampler.set_epoch(epoch)
 
 
 def _depends_on(loss: torch.Tensor, leaf: torch.Tensor) -> bool:
@@ -241,7 +234,7 @@ class ElCheTrainer(Trainer):
             params.update(persistent_workers=self.args.dataloader_persistent_workers,
                           prefetch_factor=self.args.dataloader_prefetch_factor,
                           multiprocessing_context=self.args.dataloader_multiprocessing_context)
-        return _PlanLoader(WeightedRows(dataset), **params)
+        return torch.utils.data.DataLoader(WeightedRows(dataset), **params)  # its epoch: _EpochSetter
 
     def _make_plan(self) -> WindowPlan:
         world, rank, ga = self._elche_world, self._elche_rank, self.args.gradient_accumulation_steps
