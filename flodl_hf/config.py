@@ -12,10 +12,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-__all__ = ["DdpConfig", "PRECISIONS", "ANCHOR_RULES", "DEVICES_ENV", "NO_LAUNCH_ENV"]
+__all__ = ["DdpConfig", "PRECISIONS", "ANCHOR_RULES", "LR_SCALINGS", "DEVICES_ENV", "NO_LAUNCH_ENV"]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 ANCHOR_RULES = ("goodput", "throughput")
+LR_SCALINGS = ("none", "adascale")  # flodl_hf.elche.lr_scaling (kept equal by tests/elche/test_lr_scaling.py)
 #: Comma-separated device list (e.g. ``cpu,cpu``) used when ``DdpConfig.devices`` is not given.
 DEVICES_ENV = "FLODL_HF_DEVICES"
 #: Set to ``1`` to stop ``Trainer.setup*`` from starting the other ranks itself.
@@ -75,6 +76,12 @@ class DdpConfig:
     noise scale) or ``throughput`` (the smallest window whose sync overhead meets ``overhead_target``; the rule
     before issue 15)."""
 
+    lr_scaling: str = "none"
+    """``none`` (default): El Che never changes the learning rate. ``adascale`` (opt-in): when a window averages
+    more than one micro-step, its step's LR is multiplied by AdaScale's gain (SGD) or its square root (Adam family),
+    the LR schedule advances by the gain, and goodput rates a longer window accordingly (``flodl_hf.elche.lr_scaling``).
+    No effect on one device, or while the anchor stays 1."""
+
     anchor: Optional[int] = None
     """Initial El Che window length in micro-batches (default 1)."""
 
@@ -91,6 +98,13 @@ class DdpConfig:
 
     freeze_plan: bool = False
     """Keep the anchor and the split fixed (no auto-tuning)."""
+
+    replay_plan: Optional[dict] = None
+    """A plan an earlier run recorded (its ``metrics.json`` ``el_che.plan``, or ``graph.el_che_plan()``): every
+    window's anchor and every split are played back instead of El Che's timing decisions, so the same command on the
+    same devices repeats that run exactly (dropout draws included) whatever the machine's load. Overrides
+    ``batch_sizes``, ``speed_hint``, ``fixed_anchor`` and the anchor rule; the world size and batch size must be the
+    recorded ones. See ``flodl_hf.elche.plan_record``."""
 
     fixed_anchor: Optional[int] = None
     """Keep El Che's window at exactly this many micro-batches, so every optimizer step averages
@@ -157,6 +171,13 @@ class DdpConfig:
             raise _bad("seed", self.seed, "use an integer seed")
         if self.anchor_rule not in ANCHOR_RULES:
             raise _bad("anchor_rule", self.anchor_rule, f"use one of {', '.join(ANCHOR_RULES)}")
+        if self.replay_plan is not None:
+            from .elche.plan_record import check_plan
+
+            check_plan(self.replay_plan)
+        if self.lr_scaling not in LR_SCALINGS:
+            raise _bad("lr_scaling", self.lr_scaling, f"use one of {', '.join(LR_SCALINGS)} (the default, 'none', "
+                       "never changes the learning rate)")
         if self.simulate_sync is not None and not float(self.simulate_sync) >= 0:
             raise _bad("simulate_sync", self.simulate_sync,
                        "use a fraction >= 0 of a micro-batch's compute time, e.g. 0.5, or None")
@@ -217,7 +238,7 @@ class DdpConfig:
         """The El Che settings of this config for ``world`` ranks of ``batch_size`` (checked here, where the
         message can name the DdpConfig field). ``probed``: the caps ``max_micro_batch="auto"`` found."""
         kwargs: dict = {"anchor": self.anchor, "max_anchor": self.max_anchor, "overhead_target": self.overhead_target,
-                        "anchor_rule": self.anchor_rule,
+                        "anchor_rule": self.anchor_rule, "lr_scaling": self.lr_scaling,
                         "batch_sizes": list(self.batch_sizes) if self.batch_sizes is not None else None}
         if self.fixed_anchor is not None:
             if self.max_anchor == 0:

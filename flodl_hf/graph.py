@@ -135,6 +135,11 @@ class Graph:
         """The El Che scheduler of this rank (None on one device)."""
         return None if self._runtime is None else self._runtime.el_che
 
+    def el_che_plan(self) -> Optional[dict]:
+        """The plan El Che followed so far (each window's anchor and each split, as changes), JSON-ready: pass it
+        as ``DdpConfig(replay_plan=...)`` to repeat this run exactly (None on one device, or before a window)."""
+        return None if self._runtime is None else self._runtime.record.to_dict()
+
     # --- optimisation -------------------------------------------------------------------------------------
     def set_scheduler(self, scheduler: Any) -> None:
         """Attach an LR scheduler. It is stepped once per micro-step: after an optimizer step that closed a window
@@ -267,7 +272,7 @@ class Graph:
             optimizer.step()
 
     def apply_optimizer_step(self, optimizer: Optional[torch.optim.Optimizer] = None, micro_steps: int = 1,
-                             window_lrs: Optional[Sequence[float]] = None) -> None:
+                             window_lrs: Optional[Sequence[float]] = None, lr_factor: float = 1.0) -> None:
         """optimizer.step() with the LR scale applied, zero_grad, then the LR scheduler advanced by
         ``micro_steps``: an LR schedule counts micro-steps (batches of ``graph.epoch``), not optimizer steps, so a
         schedule sized by ``graph.total_steps(epochs)`` ends exactly at its last step whatever El Che's anchor does.
@@ -277,6 +282,9 @@ class Graph:
         (the habit of every transformers script) moves the LR in the middle of a window, and the window must not
         take the LR of its last micro-step (the first warmup window would run at peak LR). So a user-stepped
         schedule trains exactly as one attached with :meth:`set_scheduler`.
+
+        ``lr_factor``: this step's extra LR factor (``DdpConfig(lr_scaling="adascale")``'s gain, or its square root),
+        on top of :meth:`set_lr_scale`; the stored LR is untouched.
         """
         optimizer = optimizer or self._require_optimizer()
         groups = optimizer.param_groups
@@ -284,7 +292,7 @@ class Graph:
         use = list(saved)
         if window_lrs is not None:  # groups added since the window began keep their own LR
             use[:len(window_lrs)] = [float(lr) for lr in window_lrs][:len(groups)]
-        use = [lr * self.lr_scale for lr in use]
+        use = [lr * self.lr_scale * float(lr_factor) for lr in use]
         if use != saved:
             for group, lr in zip(groups, use):
                 _set_lr(group, lr)

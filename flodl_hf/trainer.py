@@ -87,6 +87,12 @@ class Trainer:
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"the optimizer factory must return a torch.optim.Optimizer, got {type(opt).__name__}")
         _check_optimizer_params(opt, replica)
+        if config.lr_scaling != "none":
+            from .elche.lr_scaling import lr_exponent
+
+            exponent = lr_exponent([c.__name__ for c in type(opt).__mro__])  # refuses an unknown optimizer
+            if runtime is not None:
+                runtime.lr_exponent = exponent
         target.attach(replica, opt, ctx.device, config, rank=ctx.rank, world_size=ctx.world_size, runtime=runtime,
                       source_watch=watch_source(target.module, replica))
         if config.verbose:

@@ -252,7 +252,8 @@ def run_case_on_rank(rank: int, world: int, case: dict) -> dict:
     cfg = DdpConfig(verbose=False, timeout_s=60, seed=case["seed"], drop_last=case["drop_last"],
                     max_grad_norm=case["clip"], anchor=case["anchor"] if world > 1 else None,
                     batch_sizes=None if case["adaptive"] or world == 1 else case["sizes"],
-                    freeze_plan=not case["adaptive"], overlap=case["overlap"], bucket_mb=case["bucket_mb"])
+                    freeze_plan=not case["adaptive"], overlap=case["overlap"], bucket_mb=case["bucket_mb"],
+                    lr_scaling=case.get("lr_scaling", "none"))
     Trainer.setup_with(graph, lambda dev: architecture(case), lambda ps: make_optimizer(case, ps), cfg)
     carried = modes(graph.module)
     torch.manual_seed(rank_seed(case, rank))  # the dropout rule: each rank's own generator
@@ -325,8 +326,9 @@ def run_case_on_rank(rank: int, world: int, case: dict) -> dict:
             raise
         error, early = str(exc), 0
     params = {name: p.detach().clone() for name, p in graph.module.named_parameters()}
+    history = graph.el_che().history if graph.el_che() is not None else []
     return {"micro": micro, "lrs": lrs, "params": params, "early": early, "modes": carried, "error": error,
-            "windows": graph.training_step}
+            "windows": graph.training_step, "gains": [h.get("lr_gain", 1.0) for h in history]}
 
 
 def run_cases_on_rank(rank: int, world: int, cases: list[dict]) -> list[dict]:

@@ -5,9 +5,10 @@ worth what it measures, side by side with what people use today, on one harness.
 
 - ``settings.py``: BenchSettings (validated) and the list of modes
 - ``device_model.py``: the modelled device time every mode pays (``device_ms * b/16 / speed`` per micro-batch)
-- ``workloads.py`` / ``text_task.py``: models, data, loss, accuracy (mlp, tiny-bert, minilm)
+- ``workloads.py`` / ``text_task.py``: models, data, loss, accuracy (mlp, tiny-bert, minilm, bert-4l)
 - ``meter.py``: one rank's clock, timed region, evaluations
-- ``ranks.py``: the pool of W rank processes every mode runs on
+- ``ranks.py``: the pool of W rank processes every mode runs on (optionally pinned to cores), a busy-core process
+- ``timeline.py``: the setup modes' per-window timeline and where their time goes against the ideal
 - ``modes.py`` / ``modes_accelerate.py`` / ``modes_builder.py``: the per-mode training loops
 - ``harness.py``: alternating rounds and per-mode figures; ``report.py``: table.md, results.json, plot.png
 - ``cli.py``: the command line; ``main(argv)`` is what ``flodl-hf bench`` calls

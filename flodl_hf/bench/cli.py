@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=None,
                    help="alternating rounds (default 2 throughput, 1 accuracy)")
     p.add_argument("--model", choices=MODELS, default=None,
-                   help="mlp (throughput default), tiny-bert (accuracy default) or minilm (the packaged MiniLM)")
+                   help="mlp (throughput default), tiny-bert (accuracy default), minilm (the packaged MiniLM) or "
+                        "bert-4l (4-layer BERT from a config, fixed length; real compute)")
     p.add_argument("--target", type=float, default=None,
                    help="accuracy target (default: the final accuracy ddp reaches in the same round)")
     p.add_argument("--eval-every", type=int, default=10, help="accuracy: evaluate every N optimizer steps")
@@ -76,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stretch", action="store_true",
                    help="speeds stretch real compute: --device-ms is this machine's real compute per 16 samples and a "
                         "rank at speed v sleeps device-ms * b/16 * (1/v - 1) before each forward")
+    p.add_argument("--pin-cores", action="store_true",
+                   help="pin rank r to core r (the r-th core this process may use) in every mode, solo included")
+    p.add_argument("--busy-core", type=int, default=None, metavar="N",
+                   help="run a competing busy process on core N for the whole bench (e.g. 1 with --pin-cores: rank 1 "
+                        "gets about half its core)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed for one run of one mode")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--simulate", action="store_true",
@@ -92,7 +98,8 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
                          eval_samples=args.eval_samples, target=args.target, lr=args.lr,
                          localsgd_steps=args.localsgd_steps, elche_max_anchor=args.elche_max_anchor,
                          sync_stretch=args.sync_stretch, max_length=args.max_length, stretch=args.stretch,
-                         seed=args.seed, timeout_s=args.timeout).resolved()
+                         seed=args.seed, timeout_s=args.timeout, pin_cores=args.pin_cores,
+                         busy_core=args.busy_core).resolved()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -11,6 +11,11 @@ reversed on odd rounds, so slow drift of the machine (other load, thermal) cance
   training clock (evaluation excluded) at the first evaluation reaching it; speed-up = DDP's time / the mode's.
 
 A mode whose run fails is recorded with its error and the bench goes on with the others.
+
+Throughput runs of the setup modes also get a per-window ``timeline`` (each rank's compute, wait, sync, split,
+samples) and, next to the same round's solo run, a ``gap`` accounting of where El Che's time goes against the
+ideal (:mod:`flodl_hf.bench.timeline`). ``--pin-cores`` pins rank r's process to core r for the whole bench (solo
+included) and ``--busy-core N`` runs a busy process on core N around it, killed at the end, errors included.
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ from __future__ import annotations
 import platform
 import sys
 import time
+from contextlib import nullcontext
 from statistics import mean
 from typing import Any, Callable, Optional
 
 from .meter import RunSpec
-from .ranks import BenchRunError, RankPool
+from .ranks import BenchRunError, BusyCore, RankPool
 from .settings import BenchSettings, mode_availability
+from .timeline import gap_accounting, solo_phases, window_timeline
 from .workloads import WorkloadSpec
 
 __all__ = ["run_bench", "summarise_round"]
@@ -40,7 +47,7 @@ def _rank_fn(mode: str) -> Callable[..., Any]:
         from .modes import ddp_rank
 
         return ddp_rank
-    if mode in ("elche-setup", "elche-throughput", "elche-anchor1", "setup-sync"):
+    if mode in ("elche-setup", "elche-throughput", "elche-anchor1", "elche-adascale", "setup-sync"):
         from .modes import setup_rank
 
         return setup_rank
@@ -62,17 +69,27 @@ def _specs(s: BenchSettings, mode: str, round_no: int) -> tuple[RunSpec, Workloa
     return run, work
 
 
-def _summarise_run(mode: str, values: list[dict[str, Any]]) -> dict[str, Any]:
+def _summarise_run(mode: str, values: list[dict[str, Any]], throughput: bool = True) -> dict[str, Any]:
     r0 = values[0]
     out: dict[str, Any] = {"per_rank_samples": [v["samples"] for v in values],
                            "elapsed_s": max(v["elapsed_s"] for v in values),
                            "modelled_s": [v["device_model"]["modelled_s"] for v in values]}
+    if all("cores" in v for v in values):
+        out["cores"] = [v["cores"] for v in values]
+    clocks = [v.get("step_clock") for v in values]
     if mode == "solo":
         rates = [v["samples"] / v["elapsed_s"] for v in values]
         out["per_rank_samples_per_s"] = rates
         out["samples_per_s"] = sum(rates)
+        if throughput and all(clocks):
+            out["phases"] = [solo_phases(c, v["elapsed_s"]) for c, v in zip(clocks, values)]
     else:
         out["samples_per_s"] = sum(v["samples"] for v in values) / out["elapsed_s"]
+        if throughput and all(clocks):
+            try:
+                out["timeline"] = window_timeline(clocks, [v["elapsed_s"] for v in values])
+            except ValueError as exc:  # a diagnostic: never fails the run it describes
+                out["timeline_error"] = str(exc)
     out["curve"] = r0.get("curve", [])
     out["final_accuracy"] = r0.get("final_accuracy")
     for key in ("elche_history", "elche_describe", "optimizer_steps", "localsgd_steps", "builder"):
@@ -97,6 +114,8 @@ def summarise_round(runs: dict[str, dict[str, Any]], target: Optional[float]) ->
         target = accs["ddp"] if "ddp" in accs else min(accs.values())
     for mode, r in ok.items():
         r["efficiency"] = (r["samples_per_s"] / ideal) if ideal else None
+        if "timeline" in r and "phases" in ok.get("solo", {}):
+            r["gap"] = gap_accounting(r["timeline"], ok["solo"]["phases"], r["elapsed_s"])
         if accs:
             r["target"] = target
             r["time_to_target_s"] = _time_to(r["curve"], target) if target is not None else None
@@ -188,9 +207,18 @@ def run_bench(settings: BenchSettings, log: Optional[Log] = None) -> dict[str, A
     if any(m.startswith("builder-") for m in modes) and s.device_ms:
         notes.append("builder modes: the sleep runs at speed 1.0 and the builder's simulate_speeds stretches each "
                      "batch by 1/speed (its factories get no rank); epoch-based timing, see modes_builder.py")
+    cores = s.rank_cores
+    if cores is not None:
+        notes.append(f"ranks pinned to cores {','.join(map(str, cores))} (rank r on the r-th), solo included")
+    if s.busy_core is not None:
+        notes.append(f"a busy process ran on core {s.busy_core} for the whole bench")
     rounds: list[dict[str, Any]] = []
     started = time.monotonic()
-    with RankPool(s.world) as pool:
+    busy_info: Optional[dict[str, Any]] = None
+    busy = BusyCore(s.busy_core) if s.busy_core is not None else nullcontext()
+    with busy, RankPool(s.world, cores=cores) as pool:
+        if isinstance(busy, BusyCore):
+            busy_info = {"core": busy.core, "pid": busy.pid}
         for round_no in range(repeats):
             order = list(modes) if round_no % 2 == 0 else list(reversed(modes))
             runs: dict[str, dict[str, Any]] = {}
@@ -205,7 +233,7 @@ def run_bench(settings: BenchSettings, log: Optional[Log] = None) -> dict[str, A
                     else:
                         values = pool.run(_rank_fn(mode), run_spec, work_spec, timeout_s=s.timeout_s,
                                           distributed=mode != "solo")
-                        runs[mode] = _summarise_run(mode, values)
+                        runs[mode] = _summarise_run(mode, values, throughput=s.workload == "throughput")
                 except (BenchRunError, RuntimeError, ValueError) as exc:
                     runs[mode] = {"error": f"{type(exc).__name__}: {exc}"}
                 _log_run(log, round_no, repeats, mode, runs[mode], time.monotonic() - t)
@@ -215,4 +243,5 @@ def run_bench(settings: BenchSettings, log: Optional[Log] = None) -> dict[str, A
     return {"tool": "flodl-hf bench", "format": 1, "settings": s.as_dict(), "environment": _environment(s),
             "ideal_samples_per_s": mean(ideals) if ideals else None,
             "modes": _aggregate(rounds, modes), "rounds": rounds, "notes": notes,
+            "cores": list(cores) if cores is not None else None, "busy_process": busy_info,
             "wall_s": round(time.monotonic() - started, 1)}

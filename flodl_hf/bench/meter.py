@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .device_model import DeviceModel
+from .ranks import process_cores
 from .workloads import Workload
 
 __all__ = ["RunSpec", "Meter"]
@@ -139,6 +140,6 @@ class Meter:
         result: dict[str, Any] = {"rank": self.rank, "samples": self.samples, "elapsed_s": elapsed,
                                   "steps": self.steps, "timed_steps": self.steps - self.start_step,
                                   "curve": self.curve, "final_accuracy": final,
-                                  "device_model": self.device_model.summary()}
+                                  "device_model": self.device_model.summary(), "cores": process_cores()}
         result.update(extra or {})
         return result

@@ -12,12 +12,17 @@ workload, the same modelled device time and the same :class:`~flodl_hf.bench.met
   without ``DdpConfig.simulate_speeds``: speeds are modelled by the bench's own device model only.
 - ``elche-throughput``: the same with ``DdpConfig(anchor_rule="throughput")`` (El Che's window rule before issue
   15: the fewest synchronisations meeting ``overhead_target`` 0.10); ``elche-anchor1``: ``fixed_anchor=1``
-  (a synchronisation every micro-step, El Che still splitting the batch). ``elche-setup`` runs the default rule
-  (goodput). Setup modes pace held-out evaluations by micro-steps (batches of ``W * batch_size`` samples, the same
-  unit as DDP's steps), so a longer window does not evaluate less often; ``--sync-stretch`` adds
+  (a synchronisation every micro-step, El Che still splitting the batch); ``elche-adascale``: the goodput rule
+  with ``lr_scaling="adascale"`` (the LR follows AdaScale's gain when the window grows). ``elche-setup`` runs the
+  default rule (goodput). Setup modes pace held-out evaluations by micro-steps (batches of ``W * batch_size``
+  samples, the same unit as DDP's steps), so a longer window does not evaluate less often; ``--sync-stretch`` adds
   ``DdpConfig.simulate_sync`` (a modelled slow interconnect).
 - ``setup-sync``: the same setup-mode loop with ``max_anchor=0`` (El Che off: equal split, sync every step),
   to separate the engine's fixed costs from El Che's scheduling.
+
+``solo`` and the setup modes also stamp every micro-step (:class:`~flodl_hf.bench.timeline.StepClock`: a few
+clock reads and two optimizer hooks, nothing in the engine changed) for the per-window timeline and the gap
+accounting of :mod:`flodl_hf.bench.timeline`.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 from ..elche.partition import epoch_permutation, rank_slice
 from .device_model import DeviceModel
 from .meter import Meter, RunSpec
+from .timeline import StepClock
 from .workloads import WorkloadSpec, build_workload
 
 __all__ = ["solo_rank", "ddp_rank", "setup_rank"]
@@ -57,15 +63,21 @@ def solo_rank(rank: int, world: int, spec: RunSpec, wspec: WorkloadSpec) -> dict
     opt = workload.optimizer(model.parameters())
     perm = epoch_permutation(len(workload.train), spec.seed + rank)
     meter = Meter(spec, 0, workload, device, dm, _no_barrier)
+    clock = StepClock()
     meter.begin(model)
     b = spec.batch_size
     for k in range(spec.steps):
+        clock.fetch()
         batch = workload.collate(_items(workload, perm[k * b:(k + 1) * b].tolist()))
+        clock.body()
         workload.loss(model, batch, device).backward()
+        clock.call()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        clock.returned()
         meter.step(b, synced=True, module=model)
-    result = meter.finish(model)
+        clock.end(b, True)
+    result = meter.finish(model, {"step_clock": clock.to_dict(meter.t0, meter.start_step)})
     result["rank"] = rank
     return result
 
@@ -112,6 +124,8 @@ def setup_rank(rank: int, world: int, spec: RunSpec, wspec: WorkloadSpec) -> dic
     dm = DeviceModel(spec.device_ms, spec.speeds[rank], spec.stretch)
     rule = {"anchor_rule": "throughput"} if spec.mode == "elche-throughput" else {}
     fixed = {"fixed_anchor": 1} if spec.mode == "elche-anchor1" else {}
+    if spec.mode == "elche-adascale":
+        rule = {"lr_scaling": "adascale"}
     config = DdpConfig(devices=list(spec.devices), seed=spec.seed, verbose=False, timeout_s=spec.timeout_s,
                        max_anchor=0 if spec.mode == "setup-sync" else spec.max_anchor,
                        simulate_sync=spec.sync_stretch, **rule, **fixed)
@@ -122,19 +136,28 @@ def setup_rank(rank: int, world: int, spec: RunSpec, wspec: WorkloadSpec) -> dic
         raise RuntimeError(f"setup mode plans {graph.steps_per_epoch()} steps, the run asked for {spec.steps}")
     device = graph.device
     meter = Meter(spec, rank, workload, device, dm, _dist_barrier)
+    el_che = graph.el_che()
+    clock = StepClock(graph.optimizer)
     # On an error, no clean-up collective is attempted (a peer may be blocked in another collective, and the
     # two would wait on each other until the timeout): the error goes back to the pool, which kills the ranks.
     meter.begin(graph.module)
+    clock.start()
     for batch in graph.epoch(0):
+        clock.body()
         workload.loss(graph.module, batch, device).backward()
         before = graph.training_step
+        clock.call()
         graph.step()
-        meter.step(len(batch[1]), synced=graph.training_step != before, module=graph.module,
+        clock.returned()
+        synced = graph.training_step != before
+        if synced and rank == 0:
+            clock.window(el_che)
+        meter.step(len(batch[1]), synced=synced, module=graph.module,
                    optimizer_steps=meter.steps + 1)  # micro-steps, counting this one
-    el_che = graph.el_che()
+        clock.end(len(batch[1]), synced)
     extra = {"elche_history": el_che.history if rank == 0 else [],
              "elche_describe": f"{el_che.describe()}; {graph.training_step} optimizer steps",
-             "optimizer_steps": graph.training_step}
+             "optimizer_steps": graph.training_step, "step_clock": clock.to_dict(meter.t0, meter.start_step)}
     result = meter.finish(graph.module, extra)
     graph.close()
     shutdown()

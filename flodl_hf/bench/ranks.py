@@ -10,18 +10,25 @@ Accelerate's singletons reset). Solo runs use the same processes without the lau
 A run whose rank raises, dies or hangs fails with :class:`BenchRunError` (every rank's error in the message);
 the pool is then torn down (killing any rank still blocked in a collective) and restarted for the next run.
 Nothing is left running after :meth:`RankPool.close`.
+
+Real heterogeneity on CPU cores (issue 30): ``RankPool(world, cores=...)`` pins rank r's process, every thread of
+it, to ``cores[r]`` as it starts (before torch creates its thread pool; threads created later inherit it), and
+:class:`BusyCore` runs a competing busy process pinned to one core for the duration of a ``with`` block (killed
+on exit, errors included; it also exits by itself when its parent dies).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 import time
 import traceback
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
-__all__ = ["BenchRunError", "RankPool"]
+__all__ = ["BenchRunError", "BusyCore", "RankPool", "pin_process", "process_cores"]
 
 _LAUNCH_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 #: After one rank fails, how long the others get to fail too (their peers' errors are more telling) before
@@ -43,7 +50,73 @@ def _clean_process() -> None:
             pass
 
 
-def _worker(rank: int, world: int, conn: Connection) -> None:
+def _threads() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:  # not Linux: the calling thread only (pid 0)
+        return [0]
+
+
+def pin_process(core: int) -> None:
+    """Pin every thread of this process (and so every thread it starts later) to ``core``."""
+    for tid in _threads() + [0]:
+        try:
+            os.sched_setaffinity(tid, {core})
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+
+
+def process_cores() -> list[int]:
+    """The cores any thread of this process may run on (sorted; empty where affinity is unknown)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return []
+    cores: set[int] = set()
+    for tid in _threads():
+        try:
+            cores |= os.sched_getaffinity(tid)
+        except ProcessLookupError:
+            pass
+    return sorted(cores)
+
+
+_BUSY = """import os
+os.sched_setaffinity(0, {%d})
+parent = os.getppid()
+while os.getppid() == parent:
+    for _ in range(100000):
+        pass
+"""
+
+
+class BusyCore:
+    """A busy process (``while True: pass``) pinned to ``core`` inside a ``with`` block; always killed on exit."""
+
+    def __init__(self, core: int) -> None:
+        self.core = int(core)
+        self.proc: Optional[subprocess.Popen] = None
+
+    @property
+    def pid(self) -> Optional[int]:
+        return None if self.proc is None else self.proc.pid
+
+    def __enter__(self) -> "BusyCore":
+        self.proc = subprocess.Popen([sys.executable, "-I", "-c", _BUSY % self.core], stdin=subprocess.DEVNULL)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Kill the busy process and reap it (idempotent)."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+
+
+def _worker(rank: int, world: int, conn: Connection, core: Optional[int] = None) -> None:
+    if core is not None:
+        pin_process(core)
     os.environ.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
                        "FLODL_HF_NO_LAUNCH": "1"})
     import torch
@@ -75,10 +148,13 @@ def _worker(rank: int, world: int, conn: Connection) -> None:
 class RankPool:
     """``world`` long-lived rank processes. Use as a context manager, or call :meth:`close`."""
 
-    def __init__(self, world: int) -> None:
+    def __init__(self, world: int, cores: Optional[tuple[int, ...]] = None) -> None:
         if world < 1:
             raise ValueError(f"world={world!r} is invalid: a pool needs at least one rank")
+        if cores is not None and len(cores) != world:
+            raise ValueError(f"cores={cores!r} is invalid: give one core per rank ({world})")
         self.world = world
+        self.cores = None if cores is None else tuple(int(c) for c in cores)
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
 
@@ -92,7 +168,8 @@ class RankPool:
         ctx = mp.get_context("spawn")
         for rank in range(self.world):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(rank, self.world, child), name=f"flodl-bench-rank{rank}")
+            core = None if self.cores is None else self.cores[rank]
+            proc = ctx.Process(target=_worker, args=(rank, self.world, child, core), name=f"flodl-bench-rank{rank}")
             proc.start()
             child.close()
             self._procs.append(proc)

@@ -86,6 +86,19 @@ def markdown_table(result: dict[str, Any]) -> str:
                      "(El Che calibration windows excluded) to the last step.")
     for note in result.get("notes", []):
         lines.append(f"- note: {note}")
+    gaps = [(rd["round"], mode, run["gap"]) for rd in result["rounds"] for mode, run in rd["runs"].items()
+            if run.get("gap")]
+    if gaps:
+        lines += ["", "## Where the setup modes' time goes (flodl_hf/bench/timeline.py)", "",
+                  "| round | mode | efficiency | gap s | (a) sync | (b) wait | (c) compute vs solo | (d) loop vs solo "
+                  "| unmeasured |", "|" + "---|" * 9]
+        for round_no, mode, g in gaps:
+            f = g["fractions"]
+            cells = " | ".join(f"{g['parts_s'][k]:.2f} s ({_num(f[k] * 100 if f[k] is not None else None, '.0f')} %)"
+                               for k in ("sync", "wait", "compute", "loop", "unmeasured"))
+            lines.append(f"| {round_no + 1} | {mode} | {g['efficiency']:.3f} | {g['gap_s']:.2f} | {cells} |")
+        lines.append("- gap = timed seconds - samples / ideal rate; each rank's lost seconds weighted by its share of "
+                     "the ideal rate; per-window rows in results.json (rounds[].runs[mode].timeline).")
     return "\n".join(lines) + "\n"
 
 

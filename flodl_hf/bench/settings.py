@@ -4,18 +4,25 @@ Why it exists: the CLI is a thin layer over this dataclass (practices #5); a bad
 process starts, with a message naming the flag, the value and the fix. Defaults depend on the workload
 (``throughput``: small MLP, 60 steps, 2 alternating rounds; ``accuracy``: tiny BERT, 200 steps, 1 round) and
 are filled in by :meth:`BenchSettings.resolved`.
+
+Real heterogeneity on CPU cores (issue 30): ``pin_cores`` pins rank r to the r-th core this process may run on
+(core r on an unrestricted machine), in every mode, solo included, so that "ideal = sum of solo rates" means the
+same cores; ``busy_core`` runs a competing busy process on that core for the whole bench (started and always
+killed by the harness), so the rank pinned there gets about half of it.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional
 
 from .device_model import REFERENCE_BATCH
-from .workloads import MODELS
+from .workloads import MODELS, REAL_COMPUTE_MODELS
 
-__all__ = ["ALL_MODES", "ELCHE_VARIANTS", "ALIASES", "DEFAULT_MODES", "WORKLOADS", "BenchSettings", "mode_availability"]
+__all__ = ["ALL_MODES", "ELCHE_VARIANTS", "ALIASES", "DEFAULT_MODES", "WORKLOADS", "BenchSettings", "mode_availability",
+           "usable_cores"]
 
 WORKLOADS = ("throughput", "accuracy")
 BUILDER_POLICIES = ("builder-sync", "builder-cadence", "builder-async")
@@ -24,8 +31,9 @@ BUILDER_MODES = tuple(f"{p}/{b}" for p in BUILDER_POLICIES for b in ("nccl", "cp
 #: Names ``--modes`` also accepts: a policy alone runs it on both backends; ``builder`` runs all six.
 ALIASES = {**{p: tuple(f"{p}/{b}" for b in ("nccl", "cpu")) for p in BUILDER_POLICIES}, "builder": BUILDER_MODES}
 #: Every mode the bench knows, in table order.
-#: El Che setup mode under each anchor rule: the default (goodput), the rule before issue 15, anchor fixed at 1.
-ELCHE_VARIANTS = ("elche-throughput", "elche-anchor1")
+#: El Che setup mode under each anchor rule: the default (goodput), the rule before issue 15, anchor fixed at 1,
+#: goodput with the LR following AdaScale's gain (``lr_scaling="adascale"``, issue 30).
+ELCHE_VARIANTS = ("elche-throughput", "elche-anchor1", "elche-adascale")
 ALL_MODES = ("solo", "ddp", "accelerate", "accelerate-localsgd", "elche-setup") + ELCHE_VARIANTS + (
     "setup-sync",) + BUILDER_MODES
 #: What ``--modes`` defaults to (the available ones among these). ``setup-sync`` is a diagnostic extra.
@@ -55,6 +63,13 @@ def mode_availability() -> dict[str, Optional[str]]:
         for m in BUILDER_MODES:
             out[m] = problem
     return out
+
+
+def usable_cores() -> tuple[int, ...]:
+    """The CPU cores this process may run on, sorted (empty where the platform cannot pin processes)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return ()
+    return tuple(sorted(os.sched_getaffinity(0)))
 
 
 def _bad(flag: str, value: object, fix: str) -> ValueError:
@@ -102,6 +117,10 @@ class BenchSettings:
     seed: int = 0
     timeout_s: float = 600.0
     """Bound on one run of one mode (and on its collectives)."""
+    pin_cores: bool = False
+    """Pin rank r to the r-th usable core (:func:`usable_cores`), in every mode (solo too), before torch starts."""
+    busy_core: Optional[int] = None
+    """A core on which a competing busy process runs for the whole bench (None: none)."""
 
     def resolved(self) -> "BenchSettings":
         """A copy with every None default filled in and every value checked."""
@@ -128,9 +147,9 @@ class BenchSettings:
                        "speeds other than 1.0 need modelled device time (--device-ms > 0); with --device-ms 0 real "
                        "devices are measured as they are")
         model = self.model or ("tiny-bert" if acc else "mlp")
-        if on_cpu and device_ms == 0 and model != "minilm":
+        if on_cpu and device_ms == 0 and model not in REAL_COMPUTE_MODELS:
             raise _bad("device-ms", device_ms, "CPU ranks need modelled device time (e.g. 40), except with --model "
-                       "minilm, whose real compute is measured as it is")
+                       f"{' or '.join(REAL_COMPUTE_MODELS)}, whose real compute is measured as it is")
         if self.stretch and not device_ms > 0:
             raise _bad("device-ms", device_ms, "--stretch needs the real compute time of 16 samples in ms (> 0)")
         if self.sync_stretch is not None and not self.sync_stretch >= 0:
@@ -166,6 +185,26 @@ class BenchSettings:
             blocked = [f"{m} ({available[m]})" for m in modes if available[m] is not None]
             if blocked:
                 raise _bad("modes", ",".join(self.modes), "unavailable here: " + "; ".join(blocked))
+        cores = usable_cores()
+        if self.pin_cores:
+            if not cores:
+                raise ValueError("--pin-cores is invalid: this platform cannot pin processes to cores "
+                                 "(no os.sched_setaffinity)")
+            if len(speeds) > len(cores):
+                raise ValueError(f"--pin-cores is invalid: {len(speeds)} ranks need {len(speeds)} cores, this process "
+                                 f"may run on {len(cores)} ({','.join(map(str, cores))}): use fewer ranks or drop "
+                                 "--pin-cores")
+            if any(m.startswith("builder-") for m in modes):
+                raise _bad("modes", ",".join(modes), "--pin-cores pins the bench's rank processes; builder modes start "
+                           "their own (drop --pin-cores or the builder modes)")
+        if self.busy_core is not None:
+            if not isinstance(self.busy_core, int) or isinstance(self.busy_core, bool) or self.busy_core < 0:
+                raise _bad("busy-core", self.busy_core, "use a core number >= 0, e.g. 1")
+            if not cores:
+                raise _bad("busy-core", self.busy_core, "this platform cannot pin processes to cores")
+            if self.busy_core not in cores:
+                raise _bad("busy-core", self.busy_core, f"use a core this process may run on "
+                           f"({','.join(map(str, cores))})")
         if self.stretch and any(m.startswith("builder-") for m in modes):
             raise _bad("modes", ",".join(modes), "--stretch is for the torch-level and setup modes; builder modes "
                        "model speeds with their own simulate_speeds (drop --stretch or the builder modes)")
@@ -175,6 +214,11 @@ class BenchSettings:
     @property
     def world(self) -> int:
         return len(self.speeds)
+
+    @property
+    def rank_cores(self) -> Optional[tuple[int, ...]]:
+        """The core of each rank with ``pin_cores`` (rank r: the r-th usable core), else None."""
+        return usable_cores()[:self.world] if self.pin_cores else None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

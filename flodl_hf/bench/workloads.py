@@ -6,8 +6,10 @@ description sent to every rank process; :func:`build_workload` turns it into a :
 
 Models: ``mlp`` (a small MLP on a synthetic 4-class task: the throughput default, real compute far below the
 modelled device time), ``tiny-bert`` (1 layer, hidden 32, on :mod:`flodl_hf.bench.text_task`: the accuracy
-default) and ``minilm`` (the packaged MiniLM checkpoint on the packaged sentiment corpus, label column
-``sentiment``, through the ``heads`` package; its real CPU compute is large and is not stretched by speed).
+default), ``minilm`` (the packaged MiniLM checkpoint on the packaged sentiment corpus, label column
+``sentiment``, through the ``heads`` package; its real CPU compute is large and is not stretched by speed) and
+``bert-4l`` (a BERT built from a config: 4 layers, hidden 128, on the same text task, every batch padded to
+``max_length`` so each sample costs the same; real compute, for the real-heterogeneity bench of issue 30).
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-__all__ = ["MODELS", "WorkloadSpec", "Workload", "StackCollate", "TextCollate", "PaddedCollate", "build_workload"]
+__all__ = ["MODELS", "REAL_COMPUTE_MODELS", "WorkloadSpec", "Workload", "StackCollate", "TextCollate", "PaddedCollate",
+           "build_workload"]
 
-MODELS = ("mlp", "tiny-bert", "minilm")
+MODELS = ("mlp", "tiny-bert", "minilm", "bert-4l")
+#: Models whose real CPU compute is large enough to measure as it is (``--device-ms 0`` on CPU ranks).
+REAL_COMPUTE_MODELS = ("minilm", "bert-4l")
 _MLP_FEATURES, _MLP_HIDDEN, _MLP_CLASSES = 32, 128, 4
 
 
@@ -32,7 +37,7 @@ class WorkloadSpec:
     eval_samples: int = 1000
     seed: int = 0
     lr: Optional[float] = None
-    """None: the model's default AdamW learning rate (1e-3 mlp, 2e-3 tiny-bert, 5e-5 minilm)."""
+    """None: the model's default AdamW learning rate (1e-3 mlp, 2e-3 tiny-bert, 5e-5 minilm, 5e-4 bert-4l)."""
     max_length: int = 64
 
     def __post_init__(self) -> None:
@@ -137,13 +142,15 @@ class TextCollate:
 
 
 class PaddedCollate:
-    """Picklable collate of pre-tokenized ``(token_ids, label)`` pairs: pad to the longest, BERT inputs."""
+    """Picklable collate of pre-tokenized ``(token_ids, label)`` pairs: pad to the longest (or to ``length``, a
+    fixed shape), BERT inputs."""
 
-    def __init__(self, pad_id: int = 0) -> None:
+    def __init__(self, pad_id: int = 0, length: Optional[int] = None) -> None:
         self.pad_id = pad_id
+        self.length = length
 
     def __call__(self, items: list) -> tuple[dict, torch.Tensor]:
-        longest = max(len(ids) for ids, _ in items)
+        longest = max(len(ids) for ids, _ in items) if self.length is None else self.length
         input_ids = torch.full((len(items), longest), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(items), longest), dtype=torch.long)
         for row, (ids, _) in enumerate(items):
@@ -189,6 +196,28 @@ def _tiny_bert_workload(spec: WorkloadSpec) -> Workload:
     held_out = tokenized(make_task(spec.eval_samples, seed=spec.seed + 1_000_003))
     return Workload(spec, train, held_out, lambda: BertForSequenceClassification(config),
                     PaddedCollate(config.pad_token_id), keyword_inputs=True, lr=spec.lr or 2e-3)
+
+
+def _bert_4l_workload(spec: WorkloadSpec) -> Workload:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from .text_task import make_task, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=4, num_attention_heads=2,
+                        intermediate_size=512, max_position_embeddings=max(64, spec.max_length), num_labels=2,
+                        pad_token_id=0)
+
+    def tokenized(rows: list[tuple[str, int]]) -> list[tuple[tuple[int, ...], int]]:
+        ids = tokenizer([t for t, _ in rows], truncation=True, max_length=spec.max_length)["input_ids"]
+        return [(tuple(i), label) for i, (_, label) in zip(ids, rows)]
+
+    train = tokenized(make_task(spec.train_samples, seed=spec.seed + 1))
+    held_out = tokenized(make_task(spec.eval_samples, seed=spec.seed + 1_000_003))
+    # Fixed length: every micro-batch of b samples costs the same, so the only heterogeneity is the devices'.
+    return Workload(spec, train, held_out, lambda: BertForSequenceClassification(config),
+                    PaddedCollate(config.pad_token_id, length=spec.max_length), keyword_inputs=True,
+                    lr=spec.lr or 5e-4)
 
 
 def packaged_corpus() -> Any:
@@ -240,4 +269,6 @@ def build_workload(spec: WorkloadSpec) -> Workload:
         return _mlp_workload(spec)
     if spec.model == "tiny-bert":
         return _tiny_bert_workload(spec)
+    if spec.model == "bert-4l":
+        return _bert_4l_workload(spec)
     return _minilm_workload(spec)

@@ -134,6 +134,15 @@ def build_parser() -> argparse.ArgumentParser:
     multi.add_argument("--fixed-anchor", type=int_at_least(1), default=None, metavar="A",
                        help="average exactly A micro-steps per optimizer step (a constant effective batch of "
                             "A x devices x batch size); default: El Che adapts A")
+    multi.add_argument("--lr-scaling", choices=("none", "adascale"), default="none",
+                       help="none (default): the learning rate is yours and El Che never changes it. adascale: when "
+                            "El Che's window averages more than one micro-step, its step's LR is multiplied by "
+                            "AdaScale's gain (its square root for Adam-family optimizers) and the LR schedule "
+                            "advances by the gain")
+    multi.add_argument("--replay-plan", default=None, metavar="METRICS_JSON",
+                       help="repeat an earlier run exactly: replay the El Che plan (each window's anchor, each split) "
+                            "its metrics.json recorded, instead of deciding from this machine's timing; same devices "
+                            "and batch size")
     multi.add_argument("--max-micro-batch", type=cap, default=None, metavar="N|auto",
                        help="memory cap: no device gets a micro-batch of more than N samples; El Che gives the "
                             "rest to the others. auto: each device probes the largest micro-batch it can train")

@@ -42,7 +42,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
                          keep_checkpoint=args.keep_checkpoint, resume=args.resume, eval_every=args.eval_every,
                          early_stopping_patience=args.early_stopping_patience, report_to=args.report_to,
                          speed_hint=args.speed_hint, overhead_target=args.overhead_target,
-                         anchor_rule=args.anchor_rule, fixed_anchor=args.fixed_anchor,
+                         anchor_rule=args.anchor_rule, fixed_anchor=args.fixed_anchor, lr_scaling=args.lr_scaling,
+                         replay_plan=args.replay_plan,
                          max_micro_batch=args.max_micro_batch)
 
 

@@ -54,6 +54,7 @@ from .window_meta import (_AHEAD, _BATCH, _COMPUTE, _DENOM, _FAILED, _FINISHED, 
                           _MICRO, _REDSQ, _REDUCTION, _ROWS, _SAMPLES, _SEED, _SLOTS, _STEP, _SYNC, _USER, agree)
 from .grad_guard import GradGuard
 from .loss_items import Declarations
+from ..elche.plan_record import PlanRecord, PlanReplay
 from .window_overlap import Arming, OverlapHooks
 
 __all__ = ["WindowRuntime", "mark_failed"]
@@ -120,6 +121,9 @@ class WindowRuntime:
         self.agreed_flags = 0
         self._declared = Declarations()  # this micro-batch's graph.loss_items, bound to their backward passes
         self._window_lrs: list[float] = []  # the LRs in force at the window's first micro-batch
+        self.lr_exponent = 1.0  # DdpConfig(lr_scaling="adascale"): the LR is multiplied by gain ** lr_exponent
+        self.record = PlanRecord(self.world)  # what El Che decided (metrics.json's el_che.plan)
+        self.replay: Optional[PlanReplay] = None  # DdpConfig(replay_plan=...): a recorded plan played back
         self._ahead = 0  # graph.handed_ahead() at the last graph.step(): compared across ranks at the window end
         self._peek: Optional[Callable[[], Optional[tuple[int, bool]]]] = None  # the plan step being computed
         self._presleep = (0.0, 0.0)  # simulated speed: (host seconds, sleep) already stretched mid-backward
@@ -183,24 +187,35 @@ class WindowRuntime:
         if cfg.batch_sizes is not None and sum(cfg.batch_sizes) != self.world * batch_size:
             raise ValueError(f"DdpConfig.batch_sizes={list(cfg.batch_sizes)} sums to {sum(cfg.batch_sizes)}, but "
                              f"{self.world} ranks x batch_size {batch_size} = {self.world * batch_size}: make them agree")
-        el_che = ElChe(self.world, mode="setup", batch_size=batch_size,
-                       **cfg.el_che_kwargs(self.world, batch_size, probed=self.probed_caps))
+        kwargs = cfg.el_che_kwargs(self.world, batch_size, probed=self.probed_caps)
+        replay = None
+        if cfg.replay_plan is not None:
+            replay = PlanReplay(cfg.replay_plan, self.world, batch_size)
+            if kwargs.get("max_anchor") != 0:  # El Che reports the replayed anchors (its own bounds do not apply)
+                kwargs.update(anchor=replay.anchor(0), min_anchor=1,
+                              max_anchor=max([kwargs.get("max_anchor") or 8] + replay.anchors))
+            kwargs["batch_sizes"] = None
+        el_che = ElChe(self.world, mode="setup", batch_size=batch_size, **kwargs)
         if cfg.speed_hint is not None:
             slow, ratio = cfg.speed_hint
             if slow >= self.world:
                 raise ValueError(f"DdpConfig.speed_hint slow_rank={slow} does not exist in a world of {self.world}")
             el_che.speed_hint(slow, ratio)
-        if cfg.freeze_plan or cfg.batch_sizes is not None:
+        if cfg.freeze_plan or cfg.batch_sizes is not None or replay is not None:
             el_che.freeze()
         self.grads.measure = el_che.enabled  # only an enabled El Che reads the local gradient norm
         with self._lock:
-            self.el_che, self.batch_size = el_che, batch_size
-            self._versions = [(self._drawn, list(el_che.batch_sizes()))]
+            self.el_che, self.batch_size, self.replay = el_che, batch_size, replay
+            self.record.restart(batch_size)
+            self._versions = [(self._drawn, list(el_che.batch_sizes()))] if replay is None else list(replay.splits)
+            for start, sizes in self._versions:
+                self.record.split(start, sizes)
 
     def reset_plan(self) -> None:
         """Start the plan afresh from El Che's current split (after a checkpoint restored El Che)."""
         with self._lock:
-            if self.el_che is not None:
+            self.record.resumed = True  # a resumed run's plan does not start at its first window: not replayable
+            if self.el_che is not None and self.replay is None:
                 self._versions = [(self._drawn, list(self.el_che.batch_sizes()))]
 
     def _sizes_at(self, g: int) -> list[int]:
@@ -231,6 +246,8 @@ class WindowRuntime:
         self.clock.mark()
 
     def _anchor(self) -> int:
+        if self.replay is not None:
+            return self.replay.anchor(self.window_index)
         if self.el_che is not None:
             return int(self.el_che.anchor)
         return int(self.config.anchor or 1)
@@ -447,11 +464,14 @@ class WindowRuntime:
                 torch.cuda.synchronize(self.device)
             sync_ms = (time.perf_counter() - t0) * 1000.0
             micro = int(self._micro_batches)
-            graph.apply_optimizer_step(micro_steps=micro, window_lrs=self._window_lrs)
+            gain, schedule_steps = self.el_che.window_lr(micro) if self.el_che is not None else (1.0, micro)
+            graph.apply_optimizer_step(micro_steps=schedule_steps, window_lrs=self._window_lrs,
+                                       lr_factor=gain ** self.lr_exponent)
             if self.el_che is not None:
                 self._report(m, micro, noise)
             self._reduced_sq = reduced_sq
             self._last_sync_ms = sync_ms
+            self.record.window(self.window_index, int(self._window_anchor or micro))
             self.window_index += 1
             self._reset_window()
 
@@ -471,15 +491,19 @@ class WindowRuntime:
             noise = {"grad_sq": grad_sq, "grad_items": items, "reduced_grad_sq": reduced,
                      "noise_micro_batches": prev_micro}
         self._noise_prev = (self._slot(m, _GRADSQ), self._slot(m, _DENOM), micro) if noise_on else None
+        if self.replay is not None and el_che.enabled:  # the history shows the replayed anchor of the next window
+            el_che.set_anchor(self.replay.anchor(self.window_index + 1))
+            anchor_before = el_che.anchor
         el_che.report(self._slot(m, _COMPUTE), self._slot(m, _SAMPLES), min(self._slot(m, _SYNC)),
                       micro_batches=micro, **noise)
         frontiers = [int(f) for f in self._slot(m, _FRONTIER)]
         start, oldest = max(frontiers), min(frontiers)
         sizes = list(el_che.batch_sizes())
-        if sizes != self._versions[-1][1]:
+        if self.replay is None and sizes != self._versions[-1][1]:
             keep = [v for v in self._versions if v[0] < start]
             first_needed = max((i for i, v in enumerate(keep) if v[0] <= oldest), default=0)
             self._versions = keep[first_needed:] + [(start, sizes)]
+            self.record.split(start, sizes)
         if el_che.anchor != anchor_before and self.config.verbose and self.rank == 0:
             a = el_che.anchor
             print(f"flodl-hf: El Che anchor {anchor_before} -> {a}: each optimizer step now averages {a} "

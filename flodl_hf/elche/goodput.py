@@ -24,6 +24,13 @@ is worth: on the packaged MiniLM with a modelled interconnect 8x slower than com
 ended one 1,536-row epoch at 0.545 held-out accuracy where anchor 1 reached 0.625. ``E(A)`` above never exceeds
 Pollux's, so wherever the first version kept anchor 1 this one does too.
 
+**With the LR following the batch** (``lr_scaling="adascale"``, opt-in; issue 30): the engine multiplies the
+window's LR by AdaScale's gain (``flodl_hf.elche.lr_scaling``), so a window of A is worth what Pollux assumes,
+``E(A) = (rho + 1) / (rho + A)`` (:func:`flodl_hf.elche.noise_scale.statistical_efficiency`), and goodput uses that
+form: ``goodput(A) = A / (A + o1) * (rho + 1) / (rho + A)``. Without noise both forms are ``1 / A``; with noise
+this one is the larger, so a longer window pays sooner: A = 2 beats A = 1 when ``o1 rho > 2`` (before the
+hysteresis below), against ``k (1 + o1) > 2`` at a fixed LR.
+
 **Hysteresis**: the anchor moves only when the best candidate's goodput beats the current anchor's by more than
 ``GAIN_THRESHOLD`` (5 %), so noise in either factor does not make it flap between neighbours.
 
@@ -40,6 +47,8 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+from .lr_scaling import LR_SCALINGS
+
 __all__ = ["GAIN_THRESHOLD", "goodput", "goodput_anchor", "overhead_anchor", "combined_anchor"]
 
 GAIN_THRESHOLD = 0.05  # a new anchor must promise this much more goodput than the current one
@@ -54,26 +63,32 @@ def _check(o1: float, rho: float) -> None:
         raise ValueError(f"rho={rho!r} is invalid: the noise scale over the micro-step batch is finite and >= 0")
 
 
-def goodput(anchor: int, o1: float, rho: float) -> float:
-    """Throughput x statistical efficiency at ``anchor``, relative to anchor 1 with free sync (see module doc)."""
+def goodput(anchor: int, o1: float, rho: float, lr_scaling: str = "none") -> float:
+    """Throughput x statistical efficiency at ``anchor``, relative to anchor 1 with free sync (see module doc).
+    ``lr_scaling="adascale"``: the efficiency of a window whose LR follows AdaScale's gain (Pollux's form)."""
     _check(o1, rho)
     if anchor < 1:
         raise ValueError(f"anchor={anchor!r} is invalid: use an anchor >= 1")
+    if lr_scaling == "adascale":
+        return anchor / (anchor + o1) * (rho + 1.0) / (rho + anchor)
+    if lr_scaling != "none":
+        raise ValueError(f"lr_scaling={lr_scaling!r} is invalid: use one of {', '.join(LR_SCALINGS)}")
     k = rho / (1.0 + rho)
     return (1.0 + k * (1.0 - 1.0 / anchor)) / (anchor + o1)
 
 
 def goodput_anchor(current: int, o1: float, rho: float, lo: int, hi: int,
-                   threshold: float = GAIN_THRESHOLD) -> int:
+                   threshold: float = GAIN_THRESHOLD, lr_scaling: str = "none") -> int:
     """The anchor in ``[lo, hi]`` of highest goodput (ties: the smaller), or ``current`` unless that beats it by
     more than ``threshold`` (a ``current`` outside the bounds always moves)."""
     _check(o1, rho)
     if not 1 <= lo <= hi:
         raise ValueError(f"bounds [{lo}, {hi}] are invalid: need 1 <= min_anchor <= max_anchor")
-    best = max(range(lo, hi + 1), key=lambda a: (goodput(a, o1, rho), -a))
+    best = max(range(lo, hi + 1), key=lambda a: (goodput(a, o1, rho, lr_scaling), -a))
     if not lo <= current <= hi:
         return best
-    return best if goodput(best, o1, rho) > (1.0 + threshold) * goodput(current, o1, rho) else current
+    gain = goodput(best, o1, rho, lr_scaling) / goodput(current, o1, rho, lr_scaling)
+    return best if gain > 1.0 + threshold else current
 
 
 def overhead_anchor(current: int, o1: float, tau: float, lo: int, hi: int) -> int:
@@ -86,14 +101,14 @@ def overhead_anchor(current: int, o1: float, tau: float, lo: int, hi: int) -> in
 
 
 def combined_anchor(current: int, o1: float, rho: Optional[float], tau: Optional[float], lo: int, hi: int,
-                    rule: str) -> int:
+                    rule: str, lr_scaling: str = "none") -> int:
     """The next anchor. ``rule="throughput"``: the overhead rule alone. ``rule="goodput"``:
     ``clamp(max(goodput_anchor, overhead_anchor if tau is set), lo, hi)``; ``rho=None`` counts as 0."""
     if rule == "throughput":
         if tau is None:
             raise ValueError("the throughput rule needs overhead_target: pass a value in [0.01, 0.5]")
         return overhead_anchor(current, o1, tau, lo, hi)
-    chosen = goodput_anchor(current, o1, 0.0 if rho is None else rho, lo, hi)
+    chosen = goodput_anchor(current, o1, 0.0 if rho is None else rho, lo, hi, lr_scaling=lr_scaling)
     if tau is not None:
         chosen = max(chosen, overhead_anchor(current, o1, tau, lo, hi))
     return min(max(chosen, lo), hi)

@@ -204,11 +204,14 @@ class WindowNoise:
             return None
         return phi / m0
 
-    def efficiency(self, anchor: int) -> Optional[float]:
+    def efficiency(self, anchor: int, adaptive_lr: bool = False) -> Optional[float]:
         """Statistical efficiency of ``anchor`` micro-steps per update relative to one, at the user's unchanged
-        learning rate (:func:`fixed_lr_efficiency`; None: no estimate)."""
+        learning rate (:func:`fixed_lr_efficiency`), or with ``adaptive_lr`` at AdaScale's LR
+        (:func:`statistical_efficiency`); None: no estimate."""
         phi, m0 = self.scale.noise_scale, self.micro_items
-        return None if phi is None or not m0 else fixed_lr_efficiency(phi, m0, anchor * m0)
+        if phi is None or not m0:
+            return None
+        return (statistical_efficiency if adaptive_lr else fixed_lr_efficiency)(phi, m0, anchor * m0)
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.scale.state_dict(), "micro_items": self.micro_items}
@@ -261,7 +264,8 @@ def adascale_gain(noise_scale: float, m0: float, scale: float) -> float:
     ``r = (sigma^2 + mu^2) / (sigma^2 / scale + mu^2)`` with ``sigma^2 = tr(Sigma)/m0`` the variance of an
     ``m0``-batch gradient and ``mu^2 = |G|^2``; dividing by ``mu^2``, ``r = (rho + 1) / (rho / scale + 1)`` with
     ``rho = B_noise / m0``. It is ``scale * statistical_efficiency``: 1 at scale 1, ``scale`` for pure noise,
-    1 for a noiseless gradient. Not applied by the engine (see docs/el-che.md, "Learning rate").
+    1 for a noiseless gradient. Applied by the engine only with ``lr_scaling="adascale"``
+    (``flodl_hf.elche.lr_scaling``).
     """
     s = _finite("scale", scale)
     if s < 1:

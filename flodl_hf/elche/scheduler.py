@@ -25,6 +25,7 @@ from typing import Any, Optional
 from .split import largest_remainder as _largest_remainder
 from .split import water_fill as _water_fill
 from .goodput import combined_anchor
+from .lr_scaling import LR_SCALINGS, ScheduleClock
 from .noise_scale import WindowNoise
 
 __all__ = ["ElChe", "round_half_up"]
@@ -32,6 +33,8 @@ __all__ = ["ElChe", "round_half_up"]
 _MODES = ("setup", "builder")
 _DEAD_ZONE = 0.10  # keep a previous value unless the new one differs by more than this fraction
 _SETUP_DEAD_ZONE = 0.02  # setup: keep the previous sizes while their predicted window time is this close
+_SETUP_CONFIRM = 0.10  # setup: a re-split gaining less than this must be proposed by two windows in a row
+_SPEED_WINDOWS = 3  # setup: a rank's speed is the median of its last this many windows (one spike is ignored)
 _HISTORY_LEN = 1000  # history entries kept (oldest dropped)
 _CEIL_TOL = 1e-9  # absorbs float noise in ceil(A * ov / tau), e.g. 50.000000000000007 -> 50
 _OVERHEAD_WINDOWS = 5  # setup: per-micro-batch overheads kept for the median
@@ -136,6 +139,7 @@ class ElChe:
         max_batch_diff: int | None = None,
         batch_sizes: list[int] | None = None,
         max_batch_sizes: list[int] | None = None,
+        lr_scaling: str = "none",
     ) -> None:
         _check_int("world_size", world_size, 1, "pass the number of ranks, an integer >= 1")
         if mode not in _MODES:
@@ -177,6 +181,11 @@ class ElChe:
                 f"overhead_target={overhead_target!r} is out of range: use a value in [0.01, 0.5] "
                 "(fraction of compute time spent synchronising), or None for no ceiling (goodput rule)"
             )
+        if lr_scaling not in LR_SCALINGS or (lr_scaling != "none" and not setup):
+            raise ValueError(
+                f"lr_scaling={lr_scaling!r} is invalid for {mode} mode: use 'none' (the user's LR) or, in setup "
+                "mode only, 'adascale' (the LR follows AdaScale's gain when the window grows)"
+            )
         if max_batch_diff is not None:
             if setup:
                 raise ValueError(
@@ -198,15 +207,18 @@ class ElChe:
         self._overhead_target: Optional[float] = None if overhead_target is None else float(overhead_target)
         self._anchor_rule: str = rule
         self._noise = WindowNoise()
+        self._clock = ScheduleClock(lr_scaling)
         self._max_batch_diff: int | None = max_batch_diff
         self._enabled: bool = max_anchor != 0 and world_size > 1
         self._anchor: int = anchor if self._enabled else 1
         self._ms: list[float | None] = [None] * world_size
         self._measured: list[int] = [0] * world_size  # windows measured per rank
+        self._recent: list[deque[float]] = [deque(maxlen=_SPEED_WINDOWS) for _ in range(world_size)]  # setup
         self._overheads: deque[float] = deque(maxlen=_OVERHEAD_WINDOWS)  # setup: per-micro-batch overheads
         self._prior: list[float] | None = None  # relative cost per unit, from hint or initial sizes
         self._plan: list[int] = []
         self._plan_calibrated: bool = False
+        self._proposed: Optional[list[int]] = None  # setup: a small re-split one window proposed, awaiting a second
         self._windows: int = 0
         self._frozen: bool = False
         self._history: deque[dict[str, Any]] = deque(maxlen=_HISTORY_LEN)
@@ -285,15 +297,40 @@ class ElChe:
         return self._anchor_rule
 
     @property
+    def lr_scaling(self) -> str:
+        """``"none"`` (the user's LR) or ``"adascale"`` (see ``flodl_hf.elche.lr_scaling``)."""
+        return self._clock.rule
+
+    @property
+    def lr_gain(self) -> float:
+        """AdaScale's gain of the last window's step (1.0 with ``lr_scaling="none"``)."""
+        return self._clock.last_gain
+
+    @property
+    def schedule_progress(self) -> float:
+        """LR-schedule steps taken over micro-steps run (1.0 unless AdaScale scaled a window)."""
+        return self._clock.schedule_progress
+
+    def window_lr(self, micro_batches: int) -> tuple[float, int]:
+        """``(gain, scheduler_steps)`` for the window of ``micro_batches`` micro-steps closing now: AdaScale's gain
+        of its step (1.0 unless ``lr_scaling="adascale"`` with a usable noise estimate) and how many times to step
+        the LR scheduler. Call once per window, before :meth:`report`; deterministic on every rank."""
+        _check_int("micro_batches", micro_batches, 1, "pass the window's micro-batches, an integer >= 1")
+        usable = self._enabled and self._noise.rho(_NOISE_MIN) is not None
+        gain = self._clock.gain(micro_batches, self._noise.scale.noise_scale, self._noise.micro_items, usable)
+        return (1.0 if gain is None else gain), self._clock.advance(micro_batches, gain)
+
+    @property
     def noise_scale(self) -> Optional[float]:
         """Smoothed gradient noise scale ``B_noise`` in loss-denominator items (None: no usable estimate yet)."""
         return self._noise.scale.noise_scale
 
     @property
     def efficiency(self) -> Optional[float]:
-        """Estimated statistical efficiency of the current effective batch relative to one micro-step's
-        (``(B_noise + M0) / (B_noise + A * M0)``; None without a noise estimate)."""
-        return self._noise.efficiency(self._anchor)
+        """Estimated statistical efficiency of the current effective batch relative to one micro-step's (at the
+        user's LR, ``flodl_hf.elche.noise_scale.fixed_lr_efficiency``; with ``lr_scaling="adascale"``, Pollux's
+        ``(B_noise + M0) / (B_noise + A * M0)``); None without a noise estimate."""
+        return self._noise.efficiency(self._anchor, adaptive_lr=self._clock.rule == "adascale")
 
     @property
     def windows(self) -> int:
@@ -423,12 +460,21 @@ class ElChe:
         compute = max(float(x) for x in wall_ms)
         overhead = sync_ms / compute if compute > 0 else None
         if not self._frozen:
-            # 1. Speed: EMA with a surprise-adaptive alpha.
+            # 1. Speed: EMA with a surprise-adaptive alpha. Setup mode feeds it the median of the rank's last three
+            # windows once it has them: one window slowed by something else (a collection, another process) must
+            # not move the split, which then drifts back only slowly where per-micro-batch costs dominate.
             for r in range(w):
                 if work[r] > 0 and wall_ms[r] > 0:
                     new = wall_ms[r] / work[r]
                     m = self._ms[r]
                     self._measured[r] += 1
+                    if self._mode == "setup":
+                        recent = self._recent[r]
+                        if self._measured[r] == 2:
+                            recent.clear()  # the warm-up window is not a measurement of the speed
+                        recent.append(new)
+                        if len(recent) == _SPEED_WINDOWS:
+                            new = statistics.median(recent)
                     if m is None or (self._mode == "setup" and self._measured[r] == 2):
                         self._ms[r] = new
                     else:
@@ -443,7 +489,7 @@ class ElChe:
                     if len(self._overheads) >= _OVERHEAD_MIN:
                         o1, rho = statistics.median(self._overheads), self._noise.rho(_NOISE_MIN)
                         self._anchor = combined_anchor(self._anchor, o1, rho, tau, self._min_anchor,
-                                                       self._max_anchor, self._anchor_rule)
+                                                       self._max_anchor, self._anchor_rule, self._clock.rule)
                 elif compute > 0 and sync_ms > 0 and tau is not None:  # builder: tau is always set
                     ov = sync_ms / compute
                     if ov > tau:
@@ -464,6 +510,8 @@ class ElChe:
         }
         if self._mode == "setup":
             entry.update(noise_scale=self.noise_scale, efficiency=self.efficiency)
+            if self._clock.rule != "none":
+                entry.update(lr_gain=self._clock.last_gain)
         self._history.append(entry)
 
     def _total(self) -> int:
@@ -488,8 +536,16 @@ class ElChe:
             new = _largest_remainder(_water_fill([1.0 / m for m in est], total, caps), total, caps)
             if dead_zone and prev and sum(prev) == total and all(b <= c for b, c in zip(prev, caps)):
                 predicted = lambda plan: max(b * m for b, m in zip(plan, est))  # noqa: E731
-                if predicted(prev) <= (1.0 + _SETUP_DEAD_ZONE) * predicted(new):
+                gain = predicted(prev) / predicted(new) - 1.0 if predicted(new) > 0 else 0.0
+                if gain <= _SETUP_DEAD_ZONE:
+                    self._proposed = None
                     return list(prev)
+                if gain <= _SETUP_CONFIRM:  # small: one noisy window must not move it (the split would wander)
+                    direction = [(n > p) - (n < p) for n, p in zip(new, prev)]
+                    if self._proposed != direction:
+                        self._proposed = direction
+                        return list(prev)
+            self._proposed = None
             return new
         a = self._anchor
         slow = max(range(self._world_size), key=lambda r: (est[r], -r))
@@ -550,15 +606,19 @@ class ElChe:
             "prior": None if self._prior is None else list(self._prior),
             "plan": list(self._plan),
             "plan_calibrated": self._plan_calibrated,
+            "proposed": None if self._proposed is None else list(self._proposed),
+            "recent_ms": [list(d) for d in self._recent],
             "windows": self._windows,
             "frozen": self._frozen,
             "history": [dict(h) for h in self._history],
             "noise": self._noise.state_dict(),
+            "lr_clock": self._clock.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` snapshot taken with the same world_size, mode and batch_size."""
-        optional = ("noise",) if int(state.get("version", 0)) < 3 else ()
+        new_keys = ("lr_clock", "proposed", "recent_ms")
+        optional = ("noise",) + new_keys if int(state.get("version", 0)) < 3 else new_keys
         missing = [k for k in self.state_dict() if k not in state and k not in optional]
         if missing:
             raise ValueError(f"state is missing keys {missing}: pass a dict produced by ElChe.state_dict()")
@@ -581,6 +641,9 @@ class ElChe:
         self._noise = WindowNoise()
         if state.get("noise") is not None:
             self._noise.load_state_dict(state["noise"])
+        self._clock = ScheduleClock(self._clock.rule)  # the rule is configuration: this run's
+        if state.get("lr_clock") is not None:
+            self._clock.load_state_dict(state["lr_clock"])
         if not self._enabled:
             self._anchor, self._plan, self._plan_calibrated = 1, self._disabled_plan(), False
             return
@@ -588,6 +651,9 @@ class ElChe:
         self._anchor = min(max(anchor, self._min_anchor), self._max_anchor)
         self._plan = [int(v) for v in state["plan"]]
         self._plan_calibrated = bool(state["plan_calibrated"])
+        self._proposed = None if state.get("proposed") is None else [int(v) for v in state["proposed"]]
+        recent = state.get("recent_ms") or [[] for _ in range(self._world_size)]
+        self._recent = [deque((float(v) for v in d), maxlen=_SPEED_WINDOWS) for d in recent]
         over_caps = self._caps is not None and any(b > c for b, c in zip(self._plan, self._caps))
         if self._anchor != anchor or len(self._plan) != self._world_size or over_caps:
             self._plan = self._compute_plan(dead_zone=False)

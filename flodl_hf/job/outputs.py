@@ -78,7 +78,22 @@ def el_che_info(graph: Any) -> Optional[dict]:
             "anchor_rule": el_che.anchor_rule, "overhead_target": el_che.overhead_target,
             "anchor_changes": anchor_changes(el_che.history),
             "noise_scale": _rounded(el_che.noise_scale, 2), "efficiency": _rounded(el_che.efficiency),
-            "description": el_che.describe()}
+            **lr_scaling_info(el_che), "description": el_che.describe(),
+            "replayed": getattr(getattr(graph, "config", None), "replay_plan", None) is not None,
+            "plan": graph.el_che_plan() if hasattr(graph, "el_che_plan") else None}
+
+
+def lr_scaling_info(el_che: Any) -> dict:
+    """``lr_scaling``, and with ``adascale`` the gain of every window's step (``lr_gains``, [window, gain] for the
+    windows El Che's history holds), its mean and maximum, and ``schedule_progress`` (LR-schedule steps over
+    micro-steps: below 1 when the gain advanced the schedule by less than the window)."""
+    rule = getattr(el_che, "lr_scaling", "none")
+    if rule == "none":
+        return {"lr_scaling": rule}
+    gains = [[int(h["window"]), round(float(h["lr_gain"]), 4)] for h in el_che.history if "lr_gain" in h]
+    values = [g for _, g in gains] or [1.0]
+    return {"lr_scaling": rule, "lr_gains": gains, "lr_gain_mean": round(sum(values) / len(values), 4),
+            "lr_gain_max": round(max(values), 4), "schedule_progress": round(float(el_che.schedule_progress), 4)}
 
 
 def el_che_scalars(graph: Any) -> dict[str, float]:
@@ -90,6 +105,8 @@ def el_che_scalars(graph: Any) -> dict[str, float]:
         return {}
     values = {"el_che/anchor": el_che.anchor, "el_che/noise_scale": el_che.noise_scale,
               "el_che/efficiency": el_che.efficiency}
+    if getattr(el_che, "lr_scaling", "none") != "none":
+        values["el_che/lr_gain"] = el_che.lr_gain
     values.update({f"el_che/share/rank{r}": share for r, share in enumerate(el_che.shares)})
     overhead = el_che.history[-1].get("overhead") if el_che.history else None
     if overhead is not None:
@@ -211,6 +228,10 @@ def training_table(metrics: dict) -> dict:
             table["gradient noise scale"] = f"{el_che['noise_scale']:.1f} samples"
         if el_che.get("efficiency") is not None:
             table["estimated statistical efficiency"] = f"{el_che['efficiency']:.3f}"
+        if el_che.get("lr_scaling") == "adascale":
+            table["LR scaling"] = (f"AdaScale gain, mean {el_che['lr_gain_mean']:.3f}, "
+                                   f"max {el_che['lr_gain_max']:.3f}; "
+                                   f"schedule progress {el_che['schedule_progress']:.3f}")
     if settings.get("speed_hint"):
         rank, ratio = settings["speed_hint"]
         table["speed hint"] = f"rank {rank} is {ratio:g}x slower"

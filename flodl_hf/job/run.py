@@ -307,6 +307,11 @@ def _train_and_write(settings: TrainSettings, task: Task, sources: Sources, head
                   runs_dir=checkpoint_dir / RUNS_DIR if board else None)
     if not settings.keep_checkpoint:
         remove_job_checkpoint(checkpoint_dir, runs=board is not None)  # runs/ was copied into the output
+    el_che = metrics.get("el_che") or {}
+    if el_che.get("lr_scaling") == "adascale" and el_che.get("schedule_progress", 1.0) < 1.0:
+        say(f"flodl-hf: --lr-scaling adascale scaled the LR by a gain of up to {el_che['lr_gain_max']:.2f} and moved "
+            f"the LR schedule by {el_che['schedule_progress']:.0%} of the run's micro-steps, so the schedule did not "
+            "reach its end (AdaScale's rule); raise --epochs to finish it")
     stopped = "" if state.stop_reason == "completed" else f" ({state.stop_reason})"
     say(f"flodl-hf: {task.headline(summary, settings)}{task.result_note(metrics, before)} on {len(eval_rows)} "
         f"held-out rows; train {state.train_time_s:.1f} s, total {metrics['wall_time_s']:.1f} s{stopped}; "

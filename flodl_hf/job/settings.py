@@ -33,6 +33,26 @@ PACKAGED_LR = 2e-4
 REPORT_TO = ("none", "tensorboard")
 
 
+def read_plan(path: str) -> dict:
+    """The El Che plan recorded in an earlier run's ``metrics.json`` (``--replay-plan``), or a one-line error."""
+    import json
+    from pathlib import Path
+
+    file = Path(path)
+    if file.is_dir():
+        file = file / "metrics.json"
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--replay-plan {path}: cannot read a metrics.json there ({exc}): pass the metrics.json "
+                         "(or the output directory) of an earlier run on several devices") from None
+    plan = (data.get("el_che") or {}).get("plan") if isinstance(data, dict) else None
+    if plan is None:
+        raise ValueError(f"--replay-plan {path}: {file} records no El Che plan (a one-device run, or one written "
+                         "before plans were recorded): pass the metrics.json of a run on several devices")
+    return plan
+
+
 def _positive_int(name: str, value: Any, example: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} is invalid: use an integer >= 1, e.g. {example}")
@@ -209,6 +229,11 @@ class TrainSettings:
     """DdpConfig.anchor_rule: ``goodput`` (default) or ``throughput``."""
     fixed_anchor: Optional[int] = None
     """DdpConfig.fixed_anchor: micro-steps per optimizer step, constant (None: El Che adapts it)."""
+    lr_scaling: str = "none"
+    """DdpConfig.lr_scaling: ``none`` (default: the LR is the user's) or ``adascale`` (opt-in)."""
+    replay_plan: Optional[str] = None
+    """A ``metrics.json`` of an earlier run on the same devices: its El Che plan (``el_che.plan``) is replayed
+    (DdpConfig.replay_plan), so the run repeats it exactly."""
     max_micro_batch: Optional[int | str] = None
     """DdpConfig.max_micro_batch: no rank's micro-batch exceeds this many samples ("auto": each rank probes its
     largest; None: no cap)."""
@@ -269,6 +294,9 @@ class TrainSettings:
             if self.devices is not None and len(self.speed_hint) == 2 and int(self.speed_hint[0]) >= len(self.devices):
                 raise ValueError(f"speed hint rank {self.speed_hint[0]} does not exist with {len(self.devices)} "
                                  f"device(s): name a rank from 0 to {len(self.devices) - 1}")
+        if self.replay_plan is not None and self.resume is not None:
+            raise ValueError("--replay-plan replays a run from its start, and --resume continues another: drop one "
+                             "of them")
         self.ddp_config()  # DdpConfig validates devices, speed_hint and overhead_target now, not after loading
 
     @property
@@ -302,4 +330,5 @@ class TrainSettings:
         return DdpConfig(seed=self.seed, devices=self.devices, precision=self.precision, verbose=True,
                          speed_hint=self.speed_hint, overhead_target=self.overhead_target, anchor_rule=self.anchor_rule,
                          fixed_anchor=self.fixed_anchor, max_micro_batch=self.max_micro_batch,
-                         max_grad_norm=self.clip_norm)
+                         max_grad_norm=self.clip_norm, lr_scaling=self.lr_scaling,
+                         replay_plan=None if self.replay_plan is None else read_plan(self.replay_plan))
