@@ -179,21 +179,26 @@ def _mlp_workload(spec: WorkloadSpec) -> Workload:
     return Workload(spec, train, held_out, make, StackCollate(), keyword_inputs=False, lr=spec.lr or 1e-3)
 
 
-def _tiny_bert_workload(spec: WorkloadSpec) -> Workload:
-    from transformers import BertForSequenceClassification
-
-    from .text_task import make_task, tiny_bert_config, tiny_tokenizer
-
-    config = tiny_bert_config(num_labels=2)
-    tokenizer = tiny_tokenizer()
+def _toy_task_tokenized(spec: WorkloadSpec, tokenizer: Any) -> tuple[list, list]:
+    """The toy text task's train and held-out rows, tokenized once up front (the per-batch cost every mode pays is
+    then padding only): ``(token ids, label)`` pairs."""
+    from .text_task import make_task
 
     def tokenized(rows: list[tuple[str, int]]) -> list[tuple[tuple[int, ...], int]]:
-        # Tokenized once up front: the per-batch cost every mode pays is then padding only.
         ids = tokenizer([t for t, _ in rows], truncation=True, max_length=spec.max_length)["input_ids"]
         return [(tuple(i), label) for i, (_, label) in zip(ids, rows)]
 
-    train = tokenized(make_task(spec.train_samples, seed=spec.seed + 1))
-    held_out = tokenized(make_task(spec.eval_samples, seed=spec.seed + 1_000_003))
+    return (tokenized(make_task(spec.train_samples, seed=spec.seed + 1)),
+            tokenized(make_task(spec.eval_samples, seed=spec.seed + 1_000_003)))
+
+
+def _tiny_bert_workload(spec: WorkloadSpec) -> Workload:
+    from transformers import BertForSequenceClassification
+
+    from .text_task import tiny_bert_config, tiny_tokenizer
+
+    config = tiny_bert_config(num_labels=2)
+    train, held_out = _toy_task_tokenized(spec, tiny_tokenizer())
     return Workload(spec, train, held_out, lambda: BertForSequenceClassification(config),
                     PaddedCollate(config.pad_token_id), keyword_inputs=True, lr=spec.lr or 2e-3)
 
@@ -201,19 +206,14 @@ def _tiny_bert_workload(spec: WorkloadSpec) -> Workload:
 def _bert_4l_workload(spec: WorkloadSpec) -> Workload:
     from transformers import BertConfig, BertForSequenceClassification
 
-    from .text_task import make_task, tiny_tokenizer
+    from .text_task import tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     config = BertConfig(vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=4, num_attention_heads=2,
                         intermediate_size=512, max_position_embeddings=max(64, spec.max_length), num_labels=2,
                         pad_token_id=0)
 
-    def tokenized(rows: list[tuple[str, int]]) -> list[tuple[tuple[int, ...], int]]:
-        ids = tokenizer([t for t, _ in rows], truncation=True, max_length=spec.max_length)["input_ids"]
-        return [(tuple(i), label) for i, (_, label) in zip(ids, rows)]
-
-    train = tokenized(make_task(spec.train_samples, seed=spec.seed + 1))
-    held_out = tokenized(make_task(spec.eval_samples, seed=spec.seed + 1_000_003))
+    train, held_out = _toy_task_tokenized(spec, tokenizer)
     # Fixed length: every micro-batch of b samples costs the same, so the only heterogeneity is the devices'.
     return Workload(spec, train, held_out, lambda: BertForSequenceClassification(config),
                     PaddedCollate(config.pad_token_id, length=spec.max_length), keyword_inputs=True,

@@ -15,6 +15,7 @@ from flodl_hf.config import LR_SCALINGS as CONFIG_LR_SCALINGS, DdpConfig
 from flodl_hf.elche.goodput import goodput, goodput_anchor, GAIN_THRESHOLD
 from flodl_hf.elche.lr_scaling import LR_SCALINGS, ScheduleClock, lr_exponent
 from flodl_hf.elche.scheduler import ElChe
+from test_goodput import _Holder  # what the job's outputs read from a graph: its El Che
 
 
 def test_one_list_of_rules() -> None:
@@ -135,16 +136,6 @@ def test_el_che_gain_uses_its_noise_estimate(seed: int) -> None:
 def test_builder_mode_refuses_adascale() -> None:
     with pytest.raises(ValueError, match="lr_scaling='adascale' is invalid for builder mode"):
         ElChe(2, mode="builder", lr_scaling="adascale")
-
-
-class _Holder:
-    """What the job's outputs read from a graph: its El Che."""
-
-    def __init__(self, el_che: ElChe) -> None:
-        self._el_che = el_che
-
-    def el_che(self) -> ElChe:
-        return self._el_che
 
 
 def test_gains_reach_metrics_json_tensorboard_and_the_card():
