@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 
 __all__ = ["Board", "Plan", "Row", "round_ready", "must_wait"]
 
-_ROW = 6  # seq, round, batches, wall_ms, done, fired
+_ROW = 7  # seq, round, batches, wall_ms, done, fired, total
 _PLAN_HEAD = 7  # seq, round, static, threshold_ms (-1: count-based), max_ahead, batch_diff, hold_rank (-1: none)
 
 
@@ -36,6 +36,9 @@ class Row:
     done: bool
     fired: int = -1
     """The last round this rank found ready and entered (sticky: once one rank fires a round, all do)."""
+    total: int = 0
+    """Batches this rank has run in the whole run (every round): the others read it to place their LR schedule at
+    the global step, the batches run anywhere so far (CADENCE and ASYNC)."""
 
 
 @dataclass(frozen=True)
@@ -172,16 +175,17 @@ class Board:
 
     # -- rows ------------------------------------------------------------------------------------------------
     def write_row(self, rank: int, row: Row) -> None:
-        self._write(rank * _ROW, (row.round, row.batches, row.wall_ms, 1.0 if row.done else 0.0, row.fired + 1))
+        self._write(rank * _ROW, (row.round, row.batches, row.wall_ms, 1.0 if row.done else 0.0, row.fired + 1,
+                                  row.total))
 
     def read_row(self, rank: int) -> Row:
-        r, b, w, d, f = self._read(rank * _ROW, _ROW - 1)
-        return Row(int(r), int(b), w, d > 0.5, int(f) - 1)  # stored + 1: a never-written row fired nothing
+        r, b, w, d, f, t = self._read(rank * _ROW, _ROW - 1)
+        return Row(int(r), int(b), w, d > 0.5, int(f) - 1, int(t))  # fired stored + 1: a fresh row fired nothing
 
     def read_rows(self, only: Optional[Sequence[bool]] = None) -> list[Row]:
         """Every row, or only those where ``only[q]`` is true (the others read as an empty row), so that a
         dropped worker's row is never read again."""
-        empty = Row(0, 0, 0.0, False, -1)
+        empty = Row(0, 0, 0.0, False, -1, 0)
         return [self.read_row(q) if only is None or only[q] else empty for q in range(self.world)]
 
     # -- plan ------------------------------------------------------------------------------------------------

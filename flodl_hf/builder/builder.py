@@ -235,6 +235,7 @@ class DdpBuilder:
             lr_scale=1.0 + (world - 1) * float(s.lr_scale_ratio),
             initial_state=None if point is None else dict(point.state),
             start_step=0 if point is None else point.start_step,
+            initial_optimizer=None if point is None else point.optimizer,
         )
         if world == 1:
             from .local import LocalRunner

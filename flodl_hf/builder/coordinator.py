@@ -19,6 +19,7 @@ time: the plan of round k+1 is posted only once round k's average exists.
 from __future__ import annotations
 
 import logging
+import pickle  # only the bytes our own worker process pickled (SYNC optimizer state)
 import queue
 import time
 from typing import Any, Optional
@@ -27,10 +28,11 @@ from ..distributed.errors import DistributedError
 from ..elche.noise_scale import NoiseScale
 from .board import Plan
 from .checkpoint import write_checkpoint
-from .resume import first_epoch as _first_epoch, resume_meta
+from .resume import first_epoch as _first_epoch, resume_meta, skipped as _skipped
 from .epochs import EpochBook
 from .guard import AnchorControl, DivergenceGuard
 from .inbox import Inbox
+from .ledger import Ledger
 from .lifecycle import Workers, stop_workers, wait_ready
 from .progress import ProgressBar
 from .rounds import AverageJob, Averager, CpuRounds, Snapshot
@@ -87,13 +89,13 @@ class Coordinator:
         self.pool = WorkPool(
             len(s.dataset), int(s.batch_size), int(s.num_epochs), self.world, equal_split=self.sync,
             slice_weights=None if (self.sync or self.progressive) else self._slice_weights,
-            first_epoch=_first_epoch(s),
+            first_epoch=_first_epoch(s), skip=_skipped(s),
         )
         self.overshoot: Optional[int] = s.resolved_max_overshoot()
         self.overshoot_auto = s.max_overshoot is None
         self.overshoot_ceiling = s.max_overshoot_ceiling()
         self.book = EpochBook(int(s.num_epochs), self.pool.batches_per_epoch, self.world, self.devices,
-                              first_epoch=_first_epoch(s))
+                              first_epoch=_first_epoch(s), skipped=_skipped(s))
         self.cpu_rounds = CpuRounds(float(s.round_timeout_s))
         self.averager: Optional[Averager] = None
         self.averaging = False  # a closed CPU round is being averaged (the next plan waits for it)
@@ -109,9 +111,12 @@ class Coordinator:
         self.unsent = [0] * self.world  # batches run since the rank's last snapshot (CPU backend)
         self.batch_ms = [0.0] * self.world
         self.pending_ckpt: list[int] = []
+        self.ledger = Ledger(self.world)  # which batches the averages hold (exact epoch-end checkpoints)
+        self.deferred_state: Optional[tuple] = None  # collective: a state of a round not yet closed here
         self.state_requested = False
         self.final_round_done = False
         self.final_state: Any = None
+        self.final_optim: Optional[bytes] = None  # SYNC: the replicas' optimizer state, pickled by a worker
         self.stopping = False
         self.timeline_on = bool(s.timeline)
         self.timeline: list[dict[str, Any]] = []
@@ -263,6 +268,7 @@ class Coordinator:
             self.batch_ms[rank] = float(wall)
             if self.pool.complete(rank, (epoch, b)):
                 self.unsent[rank] += 1
+                self.ledger.reported(rank, (epoch, b))
                 self.book.record(rank, epoch, loss, samples, scalars)
                 self._top_up(rank)
                 self._emit_epochs()
@@ -271,6 +277,7 @@ class Coordinator:
         elif kind == "snap":
             _, r, k, batches, samples, wall, sync_ms, done, others, present = msg
             self.unsent[r] = 0
+            self.ledger.snapshot(r, k)
             snap = Snapshot(r, k, batches, samples, wall, sync_ms, done, others, present)
             if not self.cpu_rounds.add(snap):
                 self.global_step += batches  # a late snapshot: its batches ran, its round closed without it
@@ -278,8 +285,11 @@ class Coordinator:
         elif kind == "round":
             self._collective_round(msg)
         elif kind == "state":
-            _, r, _k, flat, others, final = msg
-            self._state_arrived(self._state_from_vector(flat, others), final)
+            _, r, k, flat, others, final, optim = msg
+            if self.collective and k > self.ledger.closed:  # another rank's round message is still on its way
+                self.deferred_state = (k, flat, others, final, optim)
+            else:
+                self._state_arrived(self._state_from_vector(flat, others), final, k, optim)
         elif kind == "port":
             for q in range(1, self.world):
                 self._send(q, ("port", msg[2]))
@@ -324,13 +334,16 @@ class Coordinator:
         n = self.layout.param_numel
         return state_from_flat(self.layout, flat[:n], flat[n:], others)
 
-    def _state_arrived(self, state: Any, final: bool) -> None:
-        """A worker's model: for pending checkpoints, and the result after the final round."""
+    def _state_arrived(self, state: Any, final: bool, k: int, optim: Optional[bytes]) -> None:
+        """A worker's model after round ``k``: for pending checkpoints, and the result after the final round."""
         self.state_requested = False
-        self._write_checkpoints(state)
+        self.final_optim = optim
+        self._write_checkpoints(state, k, optim)
         if final or (self.final_round_done and not self.collective):
             self.final_state = state
             self._try_finish()
+        elif self._checkpoint_due() and (self.collective or self.sync):
+            self._request_state()  # the model did not hold all of the epoch yet: the next round's will
 
     # -- collective backend ----------------------------------------------------------------------------------
     def _collective_round(self, msg: tuple) -> None:
@@ -339,9 +352,15 @@ class Coordinator:
             self.noise.update_pooled(*noise)
         got = self.collective_rounds.setdefault(k, {})
         got[r] = (batches, wall, sync_ms, divergence, final)
+        self.ledger.round_message(r, k)
         if len(got) < self.world:
             return
         del self.collective_rounds[k]
+        self.ledger.close_collective(k)
+        if self.deferred_state is not None and self.deferred_state[0] <= k:
+            dk, flat, others, dfinal, optim = self.deferred_state
+            self.deferred_state = None
+            self._state_arrived(self._state_from_vector(flat, others), dfinal, dk, optim)
         self.rounds += 1
         self.global_step += sum(v[0] for v in got.values())
         self.divergence = max(v[3] for v in got.values())
@@ -388,6 +407,7 @@ class Coordinator:
         if not self.cpu_rounds.ready(expected, timeout_s=self._round_timeout()):
             return
         res = self.cpu_rounds.close(expected)
+        self.ledger.close_snapshots(res.round, res.participants)
         if res.left_out:
             log.warning(
                 "flodl-hf builder: workers %s did not answer round %d within %.1f s: left out of it (their "
@@ -434,7 +454,7 @@ class Coordinator:
         sync = sum(s.sync_ms for s in res.snapshots.values()) / len(res.snapshots)
         self._report(wall, work, sync, None if self.sync else divergence)
         if state is not None:
-            self._write_checkpoints(state)
+            self._write_checkpoints(state, res.round)
         if job.final:
             self.final_round_done = True
             if state is not None:
@@ -500,6 +520,7 @@ class Coordinator:
         self.lost.append(rank)
         lost = self.unsent[rank]
         self.lost_batches[rank] = lost
+        self.ledger.drop(rank)
         moved = self.pool.drop(rank)
         log.warning(
             "flodl-hf builder: worker %d (%s) died (%s): dropped for good; the %d batches it ran since its last "
@@ -524,15 +545,18 @@ class Coordinator:
         """An epoch other than the last (written with the final state) waits for a checkpoint."""
         return any(e != int(self.s.num_epochs) - 1 for e in self.pending_ckpt)
 
-    def _write_checkpoints(self, state: Any, final: bool = False) -> None:
-        """Write the checkpoints of every epoch reported since the last average (with that average). The last
-        epoch's waits for the final state: an average that closed while its last batches were reported need
-        not hold them (epochs are pipelined), and the last checkpoint must be the trained model."""
+    def _write_checkpoints(self, state: Any, k: float, optim: Optional[bytes] = None, final: bool = False) -> None:
+        """Write the checkpoints of the completed epochs whose every batch the average of round ``k`` holds (an
+        average that closed while an epoch's last batches were being reported need not hold them: epochs are
+        pipelined, and that epoch's checkpoint then waits for a later average). The last epoch's waits for the
+        final state: the last checkpoint must be the trained model. Each lists the later epochs' batches it holds
+        (``ahead``), and under SYNC the optimizer state (``optim``)."""
         last = int(self.s.num_epochs) - 1
-        keep = [e for e in self.pending_ckpt if e == last and not final]
+        keep = [e for e in self.pending_ckpt if not final and (e == last or not self.ledger.holds_epoch(e, k))]
         for epoch in self.pending_ckpt:
             if epoch in keep:
                 continue
+            extra = {} if optim is None else {"optimizer": pickle.loads(optim)}  # our own worker's bytes
             path = self.s.checkpoint_fn(epoch)
             write_checkpoint(
                 path,
@@ -543,13 +567,16 @@ class Coordinator:
                 rounds=self.rounds,
                 el_che=self.anchor.el.state_dict(),
                 lost_ranks=self.lost,
+                ahead=self.ledger.ahead(epoch, k),
+                **extra,
                 **resume_meta(self.s, self.world),
             )
         self.pending_ckpt = keep
 
     def _finish(self, state: Any) -> None:
         self._emit_epochs()
-        self._write_checkpoints(state, final=True)
+        self._write_checkpoints(state, float("inf"), self.final_optim, final=True)
+        self.final_optim = None
         self.result = TrainedState(
             state,
             world_size=self.world,

@@ -18,6 +18,7 @@ __all__ = ["EpochBook"]
 class _Epoch:
     def __init__(self, world: int) -> None:
         self.done = 0
+        self.skipped = 0
         self.loss_sum = 0.0
         self.batches = [0] * world
         self.samples = [0] * world
@@ -35,6 +36,7 @@ class EpochBook:
         devices: list[str],
         start: Optional[float] = None,
         first_epoch: int = 0,
+        skipped: frozenset = frozenset(),
     ) -> None:
         self.num_epochs = num_epochs
         self.batches_per_epoch = batches_per_epoch
@@ -42,6 +44,8 @@ class EpochBook:
         self.devices = list(devices)
         self._epochs = [_Epoch(world) for _ in range(num_epochs)]
         self._next = int(first_epoch)  # a resumed run reports from the epoch after its checkpoint's
+        for epoch, _ in skipped:  # ... whose checkpoint's model already holds these batches: they are not run
+            self._epochs[epoch].skipped += 1
         self._last_done = time.perf_counter() if start is None else start
 
     def restart_clock(self, now: Optional[float] = None) -> None:
@@ -66,6 +70,9 @@ class EpochBook:
             acc[0] += sum(values)
             acc[1] += len(values)
 
+    def _complete(self, ep: _Epoch) -> bool:
+        return ep.done + ep.skipped >= self.batches_per_epoch
+
     @property
     def epochs_done(self) -> int:
         return self._next
@@ -74,7 +81,7 @@ class EpochBook:
         """Metrics of every epoch whose batches are all reported (``extra`` fills anchor, rounds, ...)."""
         out: list[EpochMetrics] = []
         now = time.perf_counter() if now is None else now
-        while self._next < self.num_epochs and self._epochs[self._next].done >= self.batches_per_epoch:
+        while self._next < self.num_epochs and self._complete(self._epochs[self._next]):
             ep = self._epochs[self._next]
             epoch_ms = max(1e-6, (now - self._last_done) * 1000.0)
             self._last_done = now

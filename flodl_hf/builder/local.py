@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from .checkpoint import write_checkpoint
-from .resume import first_epoch, resume_meta
+from .resume import first_epoch, resume_meta, skipped
 from .epochs import EpochBook
 from .progress import ProgressBar
 from .settings import BuilderSettings
@@ -56,14 +56,24 @@ class LocalRunner:
         speed = float(s.simulate_speeds[0]) if s.simulate_speeds is not None else 1.0
         rep = build_replica(self.recipe, torch.device(self.devices[0]), speed=speed)
         pool = WorkPool(len(s.dataset), int(s.batch_size), int(s.num_epochs), 1, equal_split=True)
-        book = EpochBook(int(s.num_epochs), pool.batches_per_epoch, 1, self.devices, first_epoch=first_epoch(s))
+        skip = skipped(s)  # a resumed multi-worker checkpoint may hold a few batches of the next epoch already
+        book = EpochBook(int(s.num_epochs), pool.batches_per_epoch, 1, self.devices, first_epoch=first_epoch(s),
+                         skipped=skip)
+        # one replica is its own average after every batch: each batch is a round of one, and the global step (what
+        # the LR schedule follows) is the batches run, counted from a resumed checkpoint's step
+        step = int(self.recipe.start_step)
+        rounds = 0
         for epoch in range(first_epoch(s), int(s.num_epochs)):
             for b in range(pool.batches_per_epoch):
                 if self.cancelled:
                     raise RuntimeError("the builder run was cancelled")
+                if (epoch, b) in skip:
+                    continue
                 loss, samples, _wall, scalars = rep.run(epoch, b)
+                step += 1
+                rounds += 1
                 book.record(0, epoch, loss, samples, scalars)
-            for m in book.completed(anchor=1, rounds=0, divergence=None, lost_ranks=[]):
+            for m in book.completed(anchor=1, rounds=rounds, divergence=None, lost_ranks=[]):
                 every = s.checkpoint_every
                 if every and ((m.epoch + 1) % every == 0 or m.epoch + 1 == s.num_epochs):
                     write_checkpoint(
@@ -72,9 +82,10 @@ class LocalRunner:
                         epoch=m.epoch,
                         world_size=1,
                         devices=self.devices,
-                        rounds=0,
+                        rounds=rounds,
                         el_che=None,
                         lost_ranks=[],
+                        optimizer=rep.optimizer.state_dict(),  # one replica: its state is the run's (resume.py)
                         **resume_meta(s, 1),
                     )
                 self.history.append(m)
@@ -84,7 +95,7 @@ class LocalRunner:
                 self.metrics.put(m)
         self.result = TrainedState(
             self._state(rep.model), world_size=1, devices=self.devices, epochs=int(s.num_epochs),
-            resumes=resume_meta(s, 1)["resumes"],
+            resumes=resume_meta(s, 1)["resumes"], rounds=rounds, global_step=step,
         )
 
     @staticmethod

@@ -5,15 +5,25 @@ resuming simple and independent of the worker count: the run continues at epoch 
 starting from the averaged model, whatever the number of workers was before. What is carried and what is not:
 
 - **Carried:** the averaged model (parameters and buffers), loaded into every worker's model after
-  ``model_factory`` built it; the epoch (the next one starts); the LR schedule's position. The schedule follows the
-  *global* step, the batches every device ran, and an epoch is ``len(dataset) // batch_size`` batches whatever the
-  worker count, so the schedule continues at ``(e + 1) * batches_per_epoch`` exactly as the run would have.
-- **Not carried:** optimizer state (a builder checkpoint holds the averaged model only: under CADENCE and ASYNC
-  each worker's optimizer state is its own and there is no single right one to hand to a different set of workers;
-  under SYNC they are equal but are not written either). Every worker starts a fresh optimizer, as at the start of
-  a run, so momentum-type optimizers warm up again. El Che's state is not carried either: it restarts from
-  ``.anchor(n)`` and calibrates on the new devices. Per-epoch metrics of the epochs before the checkpoint are
-  not replayed (``next_metrics`` starts at epoch ``e + 1``).
+  ``model_factory`` built it; the epoch (the next one starts); the batches of later epochs the model already holds
+  (``ahead``, below), which the resumed run does not run again; the LR schedule's position. The schedule follows
+  the *global* step, the batches every device ran, and an epoch is ``len(dataset) // batch_size`` batches whatever
+  the worker count, so the schedule continues at ``(e + 1) * batches_per_epoch + len(ahead)`` exactly as the run
+  would have.
+- **What "after epoch e" holds.** Epochs are pipelined (a rank that runs out of epoch ``e`` takes batches of
+  ``e + 1``), and the model a checkpoint holds is the first average taken once every batch of epoch ``e`` was
+  done, so it may also hold a few batches of epoch ``e + 1``. The checkpoint lists them (``ahead``: ``[epoch,
+  batch]`` pairs); a resumed run skips them, so every epoch after the checkpoint trains on each of its batches
+  exactly once, and that epoch's metrics cover the batches it ran.
+- **Optimizer state under SYNC.** Under SYNC every replica takes the same steps, so their optimizer states are
+  equal; the checkpoint holds it (``optimizer``) and a resumed run loads its state (AdamW's moments and step
+  counts) into every worker's fresh optimizer, keeping the hyperparameters ``optim_factory`` gives. A SYNC resume
+  therefore continues as the uninterrupted run would have (tested to 1e-5).
+- **Not carried:** optimizer state under CADENCE and ASYNC (each worker's is its own and there is no single right
+  one to hand to a different set of workers: every worker starts a fresh optimizer, as at the start of a run, so
+  momentum-type optimizers warm up again). El Che's state is not carried either: it restarts from ``.anchor(n)``
+  and calibrates on the new devices. Per-epoch metrics of the epochs before the checkpoint are not replayed
+  (``next_metrics`` starts at epoch ``e + 1``).
 
 The dataset length and batch size must match the checkpoint's when it records them (checkpoints written before
 this feature do not); a checkpoint of the run's last epoch (or later) leaves nothing to resume and is refused with
@@ -26,7 +36,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ResumePoint", "load_resume_point", "first_epoch", "resume_meta"]
+__all__ = ["ResumePoint", "load_resume_point", "load_optimizer_state", "first_epoch", "skipped", "resume_meta"]
 
 
 @dataclass
@@ -40,6 +50,10 @@ class ResumePoint:
     state: Any
     world_size_before: int
     resumes: list
+    ahead: frozenset = frozenset()
+    """``(epoch, batch)`` pairs of later epochs the checkpoint's model already holds: the resumed run skips them."""
+    optimizer: Any = None
+    """SYNC checkpoints: the replicas' (equal) optimizer ``state_dict``; None otherwise."""
 
     def record(self, world_size: int) -> dict:
         """The JSON-able record of this resume (kept in later checkpoints and on ``TrainedState.resumes``)."""
@@ -74,15 +88,62 @@ def load_resume_point(path: Any, num_samples: int, batch_size: int, num_epochs: 
     if epoch + 1 >= int(num_epochs):
         raise ValueError(f"resume_from={where!r} is the checkpoint of epoch {epoch}, and num_epochs={num_epochs} "
                          f"ends there: nothing is left to train; raise .num_epochs(n) above {epoch + 1} to continue")
-    return ResumePoint(path=where, first_epoch=epoch + 1, start_step=(epoch + 1) * (num_samples // batch_size),
+    ahead = _ahead(ckpt.get("ahead"), epoch, num_samples // batch_size, num_epochs, where)
+    return ResumePoint(path=where, first_epoch=epoch + 1,
+                       start_step=(epoch + 1) * (num_samples // batch_size) + len(ahead),
                        state=ckpt["model"], world_size_before=int(ckpt.get("world_size") or 1),
-                       resumes=list(ckpt.get("resumes") or []))
+                       resumes=list(ckpt.get("resumes") or []), ahead=ahead, optimizer=ckpt.get("optimizer"))
+
+
+def _ahead(raw: Any, epoch: int, per_epoch: int, num_epochs: int, where: str) -> frozenset:
+    """The checkpoint's ``ahead`` list, checked: pairs of a later epoch and a batch index within it."""
+    if raw is None:
+        return frozenset()
+    pairs = set()
+    for item in raw if isinstance(raw, (list, tuple)) else [raw]:
+        ok = (isinstance(item, (list, tuple)) and len(item) == 2
+              and all(isinstance(v, int) and not isinstance(v, bool) for v in item)
+              and epoch < item[0] < num_epochs and 0 <= item[1] < per_epoch)
+        if not ok:
+            raise ValueError(f"resume_from={where!r} lists a batch it already holds that this run does not have "
+                             f"({item!r}): resume with the run's dataset, batch size and num_epochs, or start "
+                             "afresh without .resume_from")
+        pairs.add((int(item[0]), int(item[1])))
+    return frozenset(pairs)
+
+
+def load_optimizer_state(optimizer: Any, saved: dict) -> None:
+    """Load a SYNC checkpoint's optimizer state into a fresh optimizer, keeping the fresh one's hyperparameters
+    (``lr``, weight decay, ...: this run's ``optim_factory`` and scale); ValueError naming the fix if it does not
+    fit."""
+    from .state import cpu_clone
+
+    fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    try:
+        # cloned: ``load_state_dict`` keeps tensors that already have the right dtype and device, and a recipe's
+        # tensors reach the workers in shared memory, one storage for all of them: every worker would update the
+        # same moments
+        optimizer.load_state_dict(cpu_clone(saved))
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise ValueError(f"the checkpoint given to .resume_from holds a SYNC optimizer state that does not fit the "
+                         f"optimizer optim_factory builds ({str(exc).splitlines()[0]}): resume with the same "
+                         "optimizer and model") from exc
+    for group, hyper in zip(optimizer.param_groups, fresh):
+        for key in [k for k in group if k != "params" and k not in hyper]:  # e.g. the old scheduler's initial_lr
+            del group[key]
+        group.update(hyper)
 
 
 def first_epoch(settings: Any) -> int:
     """The first epoch a run trains: 0, or the one after a resumed checkpoint's."""
     point = getattr(settings, "resume_point", None)
     return 0 if point is None else int(point.first_epoch)
+
+
+def skipped(settings: Any) -> frozenset:
+    """The ``(epoch, batch)`` pairs a resumed run does not run: its checkpoint's model already holds them."""
+    point = getattr(settings, "resume_point", None)
+    return frozenset() if point is None else point.ahead
 
 
 def resume_meta(settings: Any, world_size: int) -> dict:

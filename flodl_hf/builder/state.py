@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
-__all__ = ["Layout", "Entry", "ModelState", "state_from_flat"]
+__all__ = ["Layout", "Entry", "ModelState", "cpu_clone", "state_from_flat"]
 
 
 @dataclass(frozen=True)
@@ -169,6 +169,19 @@ class ModelState:
         out = torch.empty(self.numel, dtype=torch.float32)
         self.write_flat(out)
         return out
+
+
+def cpu_clone(obj: Any) -> Any:
+    """``obj`` with every tensor replaced by a CPU clone (dicts, lists and tuples walked): an optimizer state that
+    shares no storage with the one it came from (a queue or a spawn pickle moves a tensor into shared memory in
+    place, and ``Optimizer.load_state_dict`` keeps a tensor that already fits)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu").clone()
+    if isinstance(obj, dict):
+        return {k: cpu_clone(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(cpu_clone(v) for v in obj)
+    return obj
 
 
 def state_from_flat(

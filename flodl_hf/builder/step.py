@@ -45,6 +45,9 @@ class Recipe:
     """A resumed run's averaged model (``flodl_hf.builder.resume``), loaded after ``model_factory``."""
     start_step: int = 0
     """The global step a resumed run starts at: the LR schedule is advanced there."""
+    initial_optimizer: Optional[dict] = None
+    """A resumed SYNC (or one-device) run's optimizer state, loaded into the fresh optimizer (its moments; the
+    hyperparameters stay ``optim_factory``'s)."""
 
 
 def to_device(obj: Any, device: torch.device) -> Any:
@@ -226,6 +229,10 @@ def build_replica(recipe: Recipe, device: torch.device, *, speed: float = 1.0) -
         except RuntimeError as exc:
             raise ValueError(f"the checkpoint given to .resume_from does not fit the model model_factory builds "
                              f"({str(exc).splitlines()[0]}): resume with the same model") from exc
+    if recipe.initial_optimizer is not None:
+        from .resume import load_optimizer_state
+
+        load_optimizer_state(optimizer, recipe.initial_optimizer)
     scheduler = recipe.scheduler(optimizer) if recipe.scheduler is not None else None
     replica = Replica(recipe, model, optimizer, scheduler, device, speed, target=target)
     replica.schedule.advance_to(recipe.start_step)

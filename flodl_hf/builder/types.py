@@ -81,7 +81,7 @@ class EpochMetrics:
     anchor: int = 1
     """El Che anchor when the epoch was reported (the divergence guard may have lowered it)."""
     rounds: int = 0
-    """Averaging rounds completed since the start of training."""
+    """Averaging rounds completed since the start of training (on one device every batch is a round of one)."""
     divergence: Optional[float] = None
     """Largest relative distance ``||p_r - avg|| / ||avg||`` of the last averaging round (None before any)."""
     lost_ranks: list[int] = field(default_factory=list)
@@ -123,6 +123,7 @@ class TrainedState:
         self.devices = list(devices)
         self.lost_ranks = list(lost_ranks or [])
         self.rounds = int(rounds)
+        """Averaging rounds completed (on one device every batch is a round of one)."""
         self.epochs = int(epochs)
         self.el_che = el_che
         self.resumes = list(resumes or [])

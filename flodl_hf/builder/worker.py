@@ -12,6 +12,7 @@ the caller's process disappears.
 from __future__ import annotations
 
 import os
+import pickle
 import queue
 import sys
 import time
@@ -26,7 +27,7 @@ import torch
 from . import allreduce
 from .board import Board, Plan, Row, must_wait, round_ready
 from .slots import Slots
-from .state import ModelState
+from .state import ModelState, cpu_clone
 from .step import Recipe, build_replica
 
 __all__ = ["WorkerSpec", "worker_main"]
@@ -104,6 +105,7 @@ class _Worker:
         self.applied = -1  # last round whose average was applied
         self.reload = False  # an average slot was overwritten under us: take the next average as is
         self.global_step = spec.recipe.start_step  # batches run by every device, counted at the last average
+        self.total = 0  # batches this worker ran in this run (published: the others' LR schedules count them)
         self.sync_ms = 0.0
         self.want_state = False
         self.finished = False
@@ -162,11 +164,21 @@ class _Worker:
         """CPU backend under SYNC: the replicas are identical between steps, so the coordinator asks one worker
         for the model (for a checkpoint or the result) instead of averaging gradients into one."""
         if self.want_state and not self.collective and self.snap_round is None and not self.reload:
-            self.want_state = False
-            self.events.put(("state", self.rank, self.k, self.state.flat_state(), self.state.other_values(), False))
+            self.want_state = False  # the model holds the averages of rounds up to self.applied, nothing since
+            self.events.put(("state", self.rank, self.applied, self.state.flat_state(), self.state.other_values(),
+                             False, self._optimizer_state()))
+
+    def _optimizer_state(self) -> Optional[bytes]:
+        """SYNC: the optimizer's state (every replica's is the same; a checkpoint carries it), pickled into plain
+        bytes: a tensor put on a queue is moved into shared memory in place (under the optimizer still using it)
+        and arrives holding one file descriptor per tensor for as long as the caller keeps it."""
+        return pickle.dumps(cpu_clone(self.rep.optimizer.state_dict())) if self.sync else None
 
     def publish(self) -> None:
-        self.board.write_row(self.rank, Row(self.k, self.batches, self.wall_ms, self.done, self.fired))
+        self.board.write_row(self.rank, self._row())
+
+    def _row(self) -> Row:
+        return Row(self.k, self.batches, self.wall_ms, self.done, self.fired, self.total)
 
     def timeline(self, kind: str, t0: float, t1: float, **extra: Any) -> None:
         if self.spec.timeline:
@@ -252,7 +264,7 @@ class _Worker:
                 self.publish()
             plan = self.board.read_plan()  # one read of the board per pass, for both decisions
             rows = self.board.read_rows(only=plan.mask if plan is not None else None)
-            rows[self.rank] = Row(self.k, self.batches, self.wall_ms, self.done, self.fired)
+            rows[self.rank] = self._row()
             if self.try_average(plan, rows):
                 continue
             blocked = (must_wait(plan, rows, self.rank, self.sync) or self.reload
@@ -261,7 +273,7 @@ class _Worker:
                 if waiting_since is not None:
                     self.timeline("wait", waiting_since, time.time())
                     waiting_since = None
-                self.train_one()
+                self.train_one(rows)
             else:
                 if self.work and waiting_since is None:
                     waiting_since = time.time()
@@ -269,9 +281,14 @@ class _Worker:
         while True:  # finished: wait for the coordinator to release us (it may still read our last message)
             self.poll(0.05)
 
-    def train_one(self) -> None:
+    def train_one(self, rows: list[Row]) -> None:
         epoch, b = self.work.popleft()
         t0 = time.time()
+        if not self.sync:
+            # local SGD: the LR is the schedule at the global step, every batch any rank has finished so far (the
+            # board's running totals), not this replica's own count since the last average, which lagged by up
+            # to (world - 1) x anchor batches and never reached the schedule's end (SYNC steps at the averages)
+            self.rep.schedule.advance_to(self.spec.recipe.start_step + sum(row.total for row in rows))
         lr, step = self.rep.lr(), self.rep.schedule.at
         if self.sync:
             start = time.perf_counter()
@@ -280,6 +297,7 @@ class _Worker:
         else:
             loss, samples, wall_ms, scalars = self.rep.run(epoch, b)
         self.batches += 1
+        self.total += 1
         self.samples += samples
         self.wall_ms += wall_ms
         self.publish()
@@ -330,7 +348,8 @@ class _Worker:
         self.timeline("sync", t0, time.time(), round=self.k)
         if self.rank == 0 and (self.want_state or final):
             self.want_state = False
-            self.events.put(("state", self.rank, self.k, self.state.flat_state(), self.state.other_values(), final))
+            self.events.put(("state", self.rank, self.k, self.state.flat_state(), self.state.other_values(), final,
+                             self._optimizer_state()))
         self._next_round()
         if final:
             self.finished = True

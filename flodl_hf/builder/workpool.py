@@ -8,6 +8,9 @@ proportional to its speed; with SYNC each epoch is split equally (round robin) u
 data parallelism does; with ``progressive_dispatch(False)`` each epoch is cut into one contiguous slice per rank,
 proportional to El Che's counts when the epoch starts. Epochs are pipelined: a rank that runs out of epoch ``e`` takes from ``e + 1``.
 
+A resumed run's pool skips the batches its checkpoint's model already holds (``skip``: a checkpoint taken at an
+epoch end may hold a few batches of the next epoch; ``flodl_hf.builder.resume``).
+
 The pool also remembers what each rank holds and has not finished, so the batches of a worker that dies (CPU
 backend) go back to the survivors and every epoch still completes.
 """
@@ -28,6 +31,7 @@ class WorkPool:
     def __init__(
         self, num_samples: int, batch_size: int, num_epochs: int, world: int, *, equal_split: bool,
         slice_weights: Optional[Callable[[], list[float]]] = None, first_epoch: int = 0,
+        skip: frozenset = frozenset(),
     ) -> None:
         self.batches_per_epoch = num_samples // batch_size
         if self.batches_per_epoch < 1:
@@ -41,6 +45,7 @@ class WorkPool:
         self.own_slices = equal_split or slice_weights is not None
         self.live = set(range(world))
         self._next_epoch = int(first_epoch)  # a resumed run starts after its checkpoint's epoch
+        self.skip = frozenset(skip)  # ... and does not run again the batches its checkpoint's model holds
         self._shared: deque[Batch] = deque()
         self._own: list[deque[Batch]] = [deque() for _ in range(world)]
         self._orphans: deque[Batch] = deque()
@@ -53,7 +58,7 @@ class WorkPool:
     def _generate(self) -> None:
         epoch = self._next_epoch
         self._next_epoch += 1
-        items = [(epoch, i) for i in range(self.batches_per_epoch)]
+        items = [(epoch, i) for i in range(self.batches_per_epoch) if (epoch, i) not in self.skip]
         if self.equal_split:
             ranks = sorted(self.live)
             for i, item in enumerate(items):

@@ -89,7 +89,8 @@ def test_sync_with_adamw_equals_one_process_on_the_concatenated_batches(backend,
 def test_the_lr_follows_the_global_schedule_on_every_replica(policy, backend):
     """Each worker used to count only its own steps: at speeds [1, 0.4] the replicas trained at learning rates
     far apart and the decay never reached 0. Now every batch's LR is the schedule at the global step (batches of
-    every device at the last average plus its own since), and the global step ends at the schedule's total."""
+    every device at the last average plus its own since; CADENCE and ASYNC: every batch finished anywhere), and the
+    global step ends at the schedule's total."""
     from transformers import get_linear_schedule_with_warmup
 
     n, batch, epochs = 320, 8, 2
@@ -117,6 +118,12 @@ def test_the_lr_follows_the_global_schedule_on_every_replica(policy, backend):
     # ... and both replicas got there: the slow one's last batches ran late in the global schedule too
     for rank in (0, 1):
         assert last_step[rank] >= 0.8 * total, (rank, last_step, total)
+    if policy is not ApplyPolicy.SYNC:
+        # local SGD: a batch's step counts every batch finished anywhere (the board's totals), so the last one to
+        # start misses only the batches still running elsewhere (one per other rank), as one process would be at
+        # its last batch; counting only this replica's batches since the last average left it anchor x (world - 1)
+        # batches behind (issue 29: the last batches at 15 % of the peak LR)
+        assert max(last_step.values()) >= total - 2, (last_step, total)
 
 
 def _slow_loss(model, batch, ms: float):

@@ -14,7 +14,7 @@ import torch
 import flodl_hf
 import flodl_hf.builder as fb
 from flodl_hf import Trainer
-from flodl_hf.builder.board import Board, Plan, Row, must_wait, round_ready
+from flodl_hf.builder.board import _ROW, Board, Plan, Row, must_wait, round_ready
 from flodl_hf.builder.checkpoint import read_checkpoint, write_checkpoint
 from flodl_hf.checkpoint.errors import CheckpointError
 from flodl_hf.builder.epochs import EpochBook
@@ -202,7 +202,7 @@ def test_board_round_trips_rows_and_plans():
 def test_board_survives_a_writer_killed_mid_write():
     board = Board.create(2)
     board.write_row(1, Row(2, 3, 4.0, False))
-    board.array[6] += 1.0  # rank 1's sequence left odd, as if it died between the two writes
+    board.array[_ROW] += 1.0  # rank 1's sequence left odd, as if it died between the two writes
     assert board.read_rows(only=(True, False)) == [Row(0, 0, 0.0, False), Row(0, 0, 0.0, False)]
     assert board.read_row(1) == Row(2, 3, 4.0, False)  # bounded wait, then the stale values
 
@@ -429,7 +429,9 @@ def test_single_device_run_in_process(tmp_path):
     metrics = [first] + rest
     assert [m.epoch for m in metrics] == [0, 1, 2] and seen_metrics == metrics and seen_epochs == [0, 1, 2]
     m = metrics[-1]
-    assert m.per_rank_batch_share == [1.0] and m.devices == ["cpu"] and m.samples == 512 and m.rounds == 0
+    assert m.per_rank_batch_share == [1.0] and m.devices == ["cpu"] and m.samples == 512
+    # one replica is its own average after every batch (issue 29: both used to stay 0 after training)
+    assert [x.rounds for x in metrics] == [32, 64, 96] and state.rounds == 96 and state.global_step == 96
     assert set(m.scalars) == {"acc"} and m.per_rank_scalars[0]["acc"] == m.scalars["acc"]
     model = state.load_into(toy.bn_mlp(torch.device("cpu")))
     assert toy.accuracy(model) >= 0.9
