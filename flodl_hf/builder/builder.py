@@ -165,10 +165,11 @@ class DdpBuilder:
     def resume_from(self, path: Any) -> "DdpBuilder":
         """Continue a run from one of its checkpoints (a file ``.checkpoint_fn`` wrote), on any number of devices.
 
-        Builder checkpoints are written at epoch ends, so the run continues at the next epoch with every worker
-        starting from the checkpoint's averaged model, and the LR schedule at the global step it had reached.
-        Optimizer state and El Che's calibration are not carried (fresh optimizers; El Che recalibrates on the
-        new devices). The dataset, batch size, model and ``num_epochs`` must be the run's. See
+        Builder checkpoints are written at epoch ends, so the run continues at the next epoch (without the batches
+        of it the checkpoint's model already holds) with every worker starting from the checkpoint's averaged
+        model, and the LR schedule at the global step it had reached. The optimizer state is carried when the
+        checkpoint holds one (SYNC and one-device runs write it); El Che's calibration is not (it recalibrates on
+        the new devices). The dataset, batch size, model and ``num_epochs`` must be the run's. See
         ``flodl_hf.builder.resume``."""
         return self._set(resume_from=path)
 

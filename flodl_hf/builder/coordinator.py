@@ -137,6 +137,7 @@ class Coordinator:
             self._shutdown()
             self.averager = None  # break the averager <-> coordinator cycle and free the shared slots now:
             self.slots = None  # a handle the user keeps must not pin the run's memory and descriptors
+            self.deferred_state = self.final_optim = None
             self.board = self.workers.board = None  # type: ignore[assignment]
             self.bar.close()
             self.metrics.put(None)
@@ -337,13 +338,15 @@ class Coordinator:
     def _state_arrived(self, state: Any, final: bool, k: int, optim: Optional[bytes]) -> None:
         """A worker's model after round ``k``: for pending checkpoints, and the result after the final round."""
         self.state_requested = False
-        self.final_optim = optim
         self._write_checkpoints(state, k, optim)
         if final or (self.final_round_done and not self.collective):
             self.final_state = state
+            self.final_optim = optim
             self._try_finish()
-        elif self._checkpoint_due() and (self.collective or self.sync):
-            self._request_state()  # the model did not hold all of the epoch yet: the next round's will
+        elif self._checkpoint_due() and self.collective:
+            # the model did not hold all of the epoch yet: rank 0 answers again after its next round (the CPU
+            # backend asks again after each average it applies, _apply_cpu_round)
+            self._request_state()
 
     # -- collective backend ----------------------------------------------------------------------------------
     def _collective_round(self, msg: tuple) -> None:
@@ -357,11 +360,11 @@ class Coordinator:
             return
         del self.collective_rounds[k]
         self.ledger.close_collective(k)
+        self.rounds += 1
         if self.deferred_state is not None and self.deferred_state[0] <= k:
             dk, flat, others, dfinal, optim = self.deferred_state
             self.deferred_state = None
             self._state_arrived(self._state_from_vector(flat, others), dfinal, dk, optim)
-        self.rounds += 1
         self.global_step += sum(v[0] for v in got.values())
         self.divergence = max(v[3] for v in got.values())
         now = time.time()

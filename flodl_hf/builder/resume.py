@@ -17,8 +17,11 @@ starting from the averaged model, whatever the number of workers was before. Wha
   exactly once, and that epoch's metrics cover the batches it ran.
 - **Optimizer state under SYNC.** Under SYNC every replica takes the same steps, so their optimizer states are
   equal; the checkpoint holds it (``optimizer``) and a resumed run loads its state (AdamW's moments and step
-  counts) into every worker's fresh optimizer, keeping the hyperparameters ``optim_factory`` gives. A SYNC resume
-  therefore continues as the uninterrupted run would have (tested to 1e-5).
+  counts) into every worker's fresh optimizer, keeping the hyperparameters ``optim_factory`` gives (whatever the
+  resumed run's policy). A SYNC resume on the same workers therefore continues as the uninterrupted run would have
+  (tested to 1e-5) whenever the batches the checkpoint already holds are whole rounds, as when an epoch's batches
+  divide evenly among the workers; otherwise the rest of the epoch is dealt afresh, so the rounds group different
+  batches than the uninterrupted run's (each still exactly once).
 - **Not carried:** optimizer state under CADENCE and ASYNC (each worker's is its own and there is no single right
   one to hand to a different set of workers: every worker starts a fresh optimizer, as at the start of a run, so
   momentum-type optimizers warm up again). El Che's state is not carried either: it restarts from ``.anchor(n)``
@@ -89,6 +92,10 @@ def load_resume_point(path: Any, num_samples: int, batch_size: int, num_epochs: 
         raise ValueError(f"resume_from={where!r} is the checkpoint of epoch {epoch}, and num_epochs={num_epochs} "
                          f"ends there: nothing is left to train; raise .num_epochs(n) above {epoch + 1} to continue")
     ahead = _ahead(ckpt.get("ahead"), epoch, num_samples // batch_size, num_epochs, where)
+    if len(ahead) >= (int(num_epochs) - epoch - 1) * (num_samples // batch_size):
+        raise ValueError(f"resume_from={where!r} is the checkpoint of epoch {epoch}, but its model already holds every "
+                         f"batch up to num_epochs={num_epochs}: nothing is left to train; raise .num_epochs(n) to "
+                         "continue")
     return ResumePoint(path=where, first_epoch=epoch + 1,
                        start_step=(epoch + 1) * (num_samples // batch_size) + len(ahead),
                        state=ckpt["model"], world_size_before=int(ckpt.get("world_size") or 1),

@@ -106,6 +106,7 @@ class _Worker:
         self.reload = False  # an average slot was overwritten under us: take the next average as is
         self.global_step = spec.recipe.start_step  # batches run by every device, counted at the last average
         self.total = 0  # batches this worker ran in this run (published: the others' LR schedules count them)
+        self.totals = [0] * spec.world  # the highest total read of each rank (a dropped rank's row reads as empty)
         self.sync_ms = 0.0
         self.want_state = False
         self.finished = False
@@ -288,7 +289,9 @@ class _Worker:
             # local SGD: the LR is the schedule at the global step, every batch any rank has finished so far (the
             # board's running totals), not this replica's own count since the last average, which lagged by up
             # to (world - 1) x anchor batches and never reached the schedule's end (SYNC steps at the averages)
-            self.rep.schedule.advance_to(self.spec.recipe.start_step + sum(row.total for row in rows))
+            for q, row in enumerate(rows):
+                self.totals[q] = max(self.totals[q], row.total)
+            self.rep.schedule.advance_to(self.spec.recipe.start_step + sum(self.totals))
         lr, step = self.rep.lr(), self.rep.schedule.at
         if self.sync:
             start = time.perf_counter()

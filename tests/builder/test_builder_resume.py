@@ -91,6 +91,18 @@ def test_resume_refuses_what_does_not_fit(tmp_path):
         load_resume_point(path, 512, 16, 2)
     with pytest.raises(ValueError, match="written with batch_size 16 but this run has 8"):
         load_resume_point(path, 512, 8, 4)
+    # the batches of later epochs its model holds: skipped, and the schedule starts after them
+    ahead = write_checkpoint(tmp_path / "a1.json", model, epoch=1, world_size=2, samples=512, batch_size=16,
+                             ahead=[[2, 0], [2, 5]])
+    point = load_resume_point(ahead, 512, 16, 4)
+    assert point.ahead == {(2, 0), (2, 5)} and point.start_step == 2 * 32 + 2
+    with pytest.raises(ValueError, match=r"lists a batch .*\(\[2, 32\]\)"):
+        load_resume_point(write_checkpoint(tmp_path / "b1.json", model, epoch=1, samples=512, batch_size=16,
+                                           ahead=[[2, 32]]), 512, 16, 4)
+    full = write_checkpoint(tmp_path / "f1.json", model, epoch=1, samples=512, batch_size=16,
+                            ahead=[[2, b] for b in range(32)])
+    with pytest.raises(ValueError, match="already holds every batch up to num_epochs=3: nothing is left"):
+        load_resume_point(full, 512, 16, 3)
     with pytest.raises(ValueError, match="is not a file"):
         load_resume_point(tmp_path / "none.json", 512, 16, 4)
     with pytest.raises(ValueError, match="does not fit the model"):
