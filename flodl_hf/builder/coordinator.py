@@ -19,7 +19,6 @@ time: the plan of round k+1 is posted only once round k's average exists.
 from __future__ import annotations
 
 import logging
-import pickle  # only the bytes our own worker process pickled (SYNC optimizer state)
 import queue
 import time
 from typing import Any, Optional
@@ -38,7 +37,7 @@ from .progress import ProgressBar
 from .rounds import AverageJob, Averager, CpuRounds, Snapshot
 from .settings import BuilderSettings
 from .slots import Slots
-from .state import Layout, state_from_flat
+from .state import Layout, state_from_flat, unpack_tree
 from .types import ApplyPolicy, AverageBackend, EpochMetrics, TrainedState
 from .workpool import WorkPool
 
@@ -116,7 +115,7 @@ class Coordinator:
         self.state_requested = False
         self.final_round_done = False
         self.final_state: Any = None
-        self.final_optim: Optional[bytes] = None  # SYNC: the replicas' optimizer state, pickled by a worker
+        self.final_optim: Optional[tuple] = None  # SYNC: the replicas' optimizer state (state.pack_tree)
         self.stopping = False
         self.timeline_on = bool(s.timeline)
         self.timeline: list[dict[str, Any]] = []
@@ -335,7 +334,7 @@ class Coordinator:
         n = self.layout.param_numel
         return state_from_flat(self.layout, flat[:n], flat[n:], others)
 
-    def _state_arrived(self, state: Any, final: bool, k: int, optim: Optional[bytes]) -> None:
+    def _state_arrived(self, state: Any, final: bool, k: int, optim: Optional[tuple]) -> None:
         """A worker's model after round ``k``: for pending checkpoints, and the result after the final round."""
         self.state_requested = False
         self._write_checkpoints(state, k, optim)
@@ -548,7 +547,7 @@ class Coordinator:
         """An epoch other than the last (written with the final state) waits for a checkpoint."""
         return any(e != int(self.s.num_epochs) - 1 for e in self.pending_ckpt)
 
-    def _write_checkpoints(self, state: Any, k: float, optim: Optional[bytes] = None, final: bool = False) -> None:
+    def _write_checkpoints(self, state: Any, k: float, optim: Optional[tuple] = None, final: bool = False) -> None:
         """Write the checkpoints of the completed epochs whose every batch the average of round ``k`` holds (an
         average that closed while an epoch's last batches were being reported need not hold them: epochs are
         pipelined, and that epoch's checkpoint then waits for a later average). The last epoch's waits for the
@@ -559,7 +558,7 @@ class Coordinator:
         for epoch in self.pending_ckpt:
             if epoch in keep:
                 continue
-            extra = {} if optim is None else {"optimizer": pickle.loads(optim)}  # our own worker's bytes
+            extra = {} if optim is None else {"optimizer": unpack_tree(optim)}
             path = self.s.checkpoint_fn(epoch)
             write_checkpoint(
                 path,

@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-__all__ = ["Layout", "Entry", "ModelState", "cpu_clone", "state_from_flat"]
+__all__ = ["Layout", "Entry", "ModelState", "cpu_clone", "pack_tree", "unpack_tree", "state_from_flat"]
 
 
 @dataclass(frozen=True)
@@ -182,6 +182,28 @@ def cpu_clone(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(cpu_clone(v) for v in obj)
     return obj
+
+
+def pack_tree(obj: Any) -> tuple[Any, bytes]:
+    """``obj`` (e.g. an optimizer ``state_dict``) as plain values: its JSON-able tree and its tensors as safetensors
+    bytes (the checkpoint format's encoding; :func:`unpack_tree` reverses it). What a worker sends through a queue
+    without tensors, and without anything the receiver would have to unpickle."""
+    from safetensors.torch import save
+
+    from ..checkpoint.tree import encode
+
+    tree, tensors = encode(cpu_clone(obj))
+    return tree, save(tensors)
+
+
+def unpack_tree(packed: tuple[Any, bytes]) -> Any:
+    """The object :func:`pack_tree` packed (CPU tensors)."""
+    from safetensors.torch import load
+
+    from ..checkpoint.tree import decode
+
+    tree, blob = packed
+    return decode(tree, load(blob), "a worker's optimizer state")
 
 
 def state_from_flat(

@@ -12,7 +12,6 @@ the caller's process disappears.
 from __future__ import annotations
 
 import os
-import pickle
 import queue
 import sys
 import time
@@ -27,7 +26,7 @@ import torch
 from . import allreduce
 from .board import Board, Plan, Row, must_wait, round_ready
 from .slots import Slots
-from .state import ModelState, cpu_clone
+from .state import ModelState, pack_tree
 from .step import Recipe, build_replica
 
 __all__ = ["WorkerSpec", "worker_main"]
@@ -169,11 +168,12 @@ class _Worker:
             self.events.put(("state", self.rank, self.applied, self.state.flat_state(), self.state.other_values(),
                              False, self._optimizer_state()))
 
-    def _optimizer_state(self) -> Optional[bytes]:
-        """SYNC: the optimizer's state (every replica's is the same; a checkpoint carries it), pickled into plain
-        bytes: a tensor put on a queue is moved into shared memory in place (under the optimizer still using it)
-        and arrives holding one file descriptor per tensor for as long as the caller keeps it."""
-        return pickle.dumps(cpu_clone(self.rep.optimizer.state_dict())) if self.sync else None
+    def _optimizer_state(self) -> Optional[tuple]:
+        """SYNC: the optimizer's state (every replica's is the same; a checkpoint carries it) in the checkpoint
+        format's encoding, its tensors as safetensors bytes: a tensor put on a queue is moved into shared memory in
+        place (under the optimizer still using it) and arrives holding one file descriptor per tensor for as long
+        as the caller keeps it, and nothing here is ever unpickled."""
+        return pack_tree(self.rep.optimizer.state_dict()) if self.sync else None
 
     def publish(self) -> None:
         self.board.write_row(self.rank, self._row())
