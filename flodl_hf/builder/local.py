@@ -61,8 +61,7 @@ class LocalRunner:
                          skipped=skip)
         # one replica is its own average after every batch: each batch is a round of one, and the global step (what
         # the LR schedule follows) is the batches run, counted from a resumed checkpoint's step
-        step = int(self.recipe.start_step)
-        rounds = 0
+        start = step = int(self.recipe.start_step)
         for epoch in range(first_epoch(s), int(s.num_epochs)):
             for b in range(pool.batches_per_epoch):
                 if self.cancelled:
@@ -71,9 +70,8 @@ class LocalRunner:
                     continue
                 loss, samples, _wall, scalars = rep.run(epoch, b)
                 step += 1
-                rounds += 1
                 book.record(0, epoch, loss, samples, scalars)
-            for m in book.completed(anchor=1, rounds=rounds, divergence=None, lost_ranks=[]):
+            for m in book.completed(anchor=1, rounds=step - start, divergence=None, lost_ranks=[]):
                 every = s.checkpoint_every
                 if every and ((m.epoch + 1) % every == 0 or m.epoch + 1 == s.num_epochs):
                     write_checkpoint(
@@ -82,7 +80,7 @@ class LocalRunner:
                         epoch=m.epoch,
                         world_size=1,
                         devices=self.devices,
-                        rounds=rounds,
+                        rounds=step - start,
                         el_che=None,
                         lost_ranks=[],
                         optimizer=rep.optimizer.state_dict(),  # one replica: its state is the run's (resume.py)
@@ -95,7 +93,7 @@ class LocalRunner:
                 self.metrics.put(m)
         self.result = TrainedState(
             self._state(rep.model), world_size=1, devices=self.devices, epochs=int(s.num_epochs),
-            resumes=resume_meta(s, 1)["resumes"], rounds=rounds, global_step=step,
+            resumes=resume_meta(s, 1)["resumes"], rounds=step - start, global_step=step,
         )
 
     @staticmethod
