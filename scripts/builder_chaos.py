@@ -688,6 +688,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--out", default=None, help="directory for per-run files and results.json")
     p.add_argument("--run-timeout", type=float, default=150.0, help="caller's join budget per run (s)")
     p.add_argument("--start-method", default="forkserver", choices=["forkserver", "spawn"])
+    p.add_argument("--backend", default=None, choices=["NCCL", "CPU"],
+                   help="every run on this averaging backend (NCCL: the torch.distributed transport); default: drawn")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -699,6 +701,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     t0 = time.monotonic()
     for i in range(args.runs):
         cfg = draw_config(args.seed + i, args.max_params, args.max_rows)
+        if args.backend is not None:  # the rest of the draw is the seed's, unchanged
+            cfg = dataclasses.replace(cfg, backend=args.backend)
         cfg.run_timeout_s = args.run_timeout
         cfg.start_method = args.start_method
         r = execute(cfg, os.path.join(out, f"run{i:03d}-seed{cfg.seed}"))

@@ -69,3 +69,41 @@ def head_factory(device: torch.device):
 def head_loss(head, batch: dict) -> torch.Tensor:
     enc = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     return head.compute_loss(enc, batch["labels"])
+
+
+def reference_sync(n: int, batch: int, epochs: int, world: int, clip: float | None) -> dict:
+    """The reference of SYNC: one process where round j trains on the concatenation of every rank's j-th batch
+    (each epoch is dealt round robin, epochs back to back, as the builder's SYNC split does)."""
+    from flodl_hf.elche.noise_scale import NoiseScale
+    from flodl_hf.elche.partition import epoch_permutation
+
+    data = Indexed(n)
+    per_epoch = n // batch
+    own: list[list[list[int]]] = [[] for _ in range(world)]
+    for e in range(epochs):
+        perm = epoch_permutation(n, e).tolist()
+        for i in range(per_epoch):
+            own[i % world].append(perm[i * batch:(i + 1) * batch])
+    model = make_model(torch.device("cpu"))
+    opt = adamw(model.parameters())
+    noise, noise_after = NoiseScale(), []
+    for j in range(max(len(o) for o in own)):
+        small, items = [], []
+        for r in range(world):  # each rank's own gradient at this round's parameters, for the noise estimate
+            if j < len(own[r]):
+                loss_fn(model, (data.x[own[r][j]], data.y[own[r][j]])).backward()
+                small.append(sum(float(p.grad.double().square().sum()) for p in model.parameters()
+                                 if p.grad is not None))
+                items.append(float(len(own[r][j])))
+                opt.zero_grad(set_to_none=True)
+        idx = [i for r in range(world) if j < len(own[r]) for i in own[r][j]]
+        loss = loss_fn(model, (data.x[idx], data.y[idx]))
+        loss.backward()
+        big = sum(float(p.grad.double().square().sum()) for p in model.parameters() if p.grad is not None)
+        if noise.update(small, items, big):
+            noise_after.append(noise.noise_scale)
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {"state": model.state_dict(), "noise_after": noise_after}

@@ -205,6 +205,12 @@ class Board:
             head + tuple(float(c) for c in plan.counts) + tuple(1.0 if m else 0.0 for m in plan.mask),
         )
 
+    def read(self) -> tuple[Optional[Plan], list[Row]]:
+        """The plan and the rows it still counts (a dropped worker's row reads as empty): a worker's one read
+        of the board per pass, for both of its decisions."""
+        plan = self.read_plan()
+        return plan, self.read_rows(only=plan.mask if plan is not None else None)
+
     def read_plan(self) -> Optional[Plan]:
         """The posted plan, or None before the first one."""
         if self.array[self._plan_at] == 0.0:

@@ -212,10 +212,16 @@ class DdpBuilder:
     def run(self) -> DdpHandle:
         """Validate every setting, start the run and return its handle at once."""
         s = self._s
-        devices = s.validate()
+        from .ranks import torchrun_env
         from .step import Recipe
 
-        world = len(devices)
+        env = torchrun_env()
+        if env is not None and env["world"] <= 1:
+            env = None  # a one-process torchrun job: the in-process single-device run
+        devices = s.validate(ranks=None if env is None else env["world"])
+        if env is not None:
+            devices = [s.rank_device(env["local_rank"])]
+        world = len(devices) if env is None else env["world"]
         point = None
         if s.resume_from is not None:
             from .resume import load_resume_point
@@ -238,10 +244,19 @@ class DdpBuilder:
             start_step=0 if point is None else point.start_step,
             initial_optimizer=None if point is None else point.optimizer,
         )
-        if world == 1:
+        if env is not None:
+            from .ranks import TorchrunRanks
+
+            runner: Any = TorchrunRanks(s, recipe, env, devices[0])
+            devices = runner.devices
+            if s.progress and env["rank"] == 0:
+                print(f"flodl-hf builder: rank 0 of {world} under torchrun ({', '.join(devices)}) | policy "
+                      f"{s.policy.name} | {'nccl' if all(d.startswith('cuda') for d in devices) else 'gloo'} "
+                      f"all-reduce | El Che anchor {s.anchor}", file=sys.stderr, flush=True)
+        elif world == 1:
             from .local import LocalRunner
 
-            runner: Any = LocalRunner(s, recipe, devices[0])
+            runner = LocalRunner(s, recipe, devices[0])
         else:
             runner = self._start_workers(recipe, devices)
         thread = threading.Thread(target=runner.run, name="flodl-hf-builder", daemon=True)
@@ -251,9 +266,17 @@ class DdpBuilder:
     def _start_workers(self, recipe: Any, devices: list[str]) -> Any:
         from .coordinator import Coordinator
         from .lifecycle import start_workers
+        from .ranks import start_store_workers
 
         s = self._s
-        workers = start_workers(s, recipe, devices)
+        # the collective backend's workers are torch.distributed ranks on a store (the torchrun code path); the CPU
+        # backend's average in this process's shared memory, so they stay on queues (one machine)
+        start = start_store_workers if s.backend is AverageBackend.NCCL else start_workers
+        import os
+
+        if os.environ.get("FLODL_BUILDER_TRANSPORT") == "queue":  # TEMPORARY: the old transport, for the bench A/B
+            start = start_workers
+        workers = start(s, recipe, devices)
         if s.progress:
             kind = "gloo" if any(d == "cpu" for d in devices) else "nccl"
             how = (

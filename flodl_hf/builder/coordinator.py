@@ -61,7 +61,7 @@ class Coordinator:
         self.devices = workers.devices
         self.world = len(workers.devices)
         self.procs = workers.procs
-        self.inbox = Inbox(workers.events)
+        self.inbox = workers.inbox if workers.inbox is not None else Inbox(workers.events)
         self.cmds = workers.cmds
         self.board = workers.board
         self.slots: Optional[Slots] = None
@@ -130,6 +130,10 @@ class Coordinator:
             self._loop()
         except BaseException as exc:  # noqa: BLE001 - handed to join()
             self.error = exc
+            if self.workers.store is not None:  # every rank, wherever it runs, stops with this one line
+                from .ranks import announce_abort
+
+                announce_abort(self.workers.store, exc)
         finally:
             if self.averager is not None:
                 self.averager.close()
@@ -138,6 +142,8 @@ class Coordinator:
             self.slots = None  # a handle the user keeps must not pin the run's memory and descriptors
             self.deferred_state = self.final_optim = None
             self.board = self.workers.board = None  # type: ignore[assignment]
+            self.inbox = self.workers.inbox = self.workers.store = None  # the store transport's connections
+            self.cmds = self.workers.cmds = []
             self.bar.close()
             self.metrics.put(None)
 
@@ -160,6 +166,10 @@ class Coordinator:
                     f"({self.devices[0]} vs {self.devices[r]}): it must build the same architecture "
                     "on every device"
                 )
+        for r, msg in ready.items():
+            proc = self.procs[r]
+            if hasattr(proc, "describe") and len(msg) > 6:  # a rank on any node: where to look if it is lost
+                proc.host, proc.pid = msg[5], msg[6]
         init = ready[0][4]
         if not self.collective:  # allocated once; from here on averages move no tensor through a queue
             self.slots = Slots(self.world, self.layout.param_numel + self.layout.buffer_numel)
@@ -482,15 +492,20 @@ class Coordinator:
 
     def _death_error(self, r: int) -> DistributedError:
         proc = self.procs[r]
+        describe = getattr(proc, "describe", None)
+        if describe is not None:  # a rank on another node (torchrun): known by its heartbeat
+            return DistributedError(
+                f"lost {describe()}; every rank takes part in every average, so the run cannot continue: every "
+                "rank was stopped. Re-launch to resume from the last builder checkpoint (.resume_from)")
         return DistributedError(
             f"worker {r} ({self.devices[r]}, pid {proc.pid}) died ({self._how(proc.exitcode)}); with "
             "AverageBackend.NCCL every worker takes part in every average, so the run cannot continue: all workers "
             "were stopped. Use .backend(AverageBackend.CPU) to let the survivors finish without it")
 
-    def _dead_peer(self, reporter: int, wait_s: float = 3.0) -> Optional[int]:
+    def _dead_peer(self, reporter: int) -> Optional[int]:
         """A worker other than ``reporter`` that has exited (waiting briefly: a peer's death can reach the
-        survivors' collectives before its process is reaped)."""
-        deadline = time.monotonic() + wait_s
+        survivors' collectives before its process is reaped, or before its heartbeat is missed)."""
+        deadline = time.monotonic() + self.workers.peer_grace_s
         while True:
             for r in sorted(self.live):
                 if r != reporter and not self.procs[r].is_alive():

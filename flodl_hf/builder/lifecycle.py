@@ -45,6 +45,14 @@ class Workers:
     speeds: list[float]
     startup_timeout_s: float
     pids: Optional[list[Optional[int]]] = None  # kept once the processes are closed
+    inbox: Any = None
+    """The store transport (``ranks``): the coordinator's side of the workers' store queues (``events`` is empty)."""
+    store: Any = None
+    """The store transport: the control plane's store (its abort line is written there when the run fails)."""
+    closers: list[Any] = dataclasses.field(default_factory=list)
+    """Called once the workers are stopped (the heartbeat thread, the store server)."""
+    peer_grace_s: float = 3.0
+    """How long a collective's failure may precede the news of the peer's death that caused it."""
 
 
 def start_workers(s: BuilderSettings, recipe: Recipe, devices: list[str]) -> Workers:
@@ -52,29 +60,12 @@ def start_workers(s: BuilderSettings, recipe: Recipe, devices: list[str]) -> Wor
 
     The dataset is packed once here (plain pickle, one bytes blob) and every worker receives that blob; the
     caller's ``recipe`` is not modified."""
-    import torch.multiprocessing as tmp
-
-    from .worker import WorkerSpec, worker_main
+    from .worker import worker_main
 
     world = len(devices)
-    ctx = tmp.get_context(s.start_method)
-    if s.start_method == "forkserver":
-        ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)
-    n_cpu = sum(1 for d in devices if d == "cpu")
-    speeds = [float(v) for v in s.simulate_speeds] if s.simulate_speeds is not None else [1.0] * world
-    recipe = dataclasses.replace(recipe, dataset=pack_dataset(recipe.dataset))
-    spec = WorkerSpec(
-        recipe=recipe,
-        devices=devices,
-        speeds=speeds,
-        policy=s.policy.value,
-        backend=s.backend.value,
-        timeout_s=float(s.timeout_s),
-        startup_timeout_s=max(120.0, float(s.timeout_s)),
-        threads=max(1, (os.cpu_count() or 1) // max(1, n_cpu)),
-        parent_pid=os.getpid(),
-        timeline=bool(s.timeline),
-    )
+    ctx = context(s)
+    spec = make_spec(s, dataclasses.replace(recipe, dataset=pack_dataset(recipe.dataset)), devices)
+    speeds = spec.speeds
     board = Board.create(world, ctx)
     events = [ctx.Queue() for _ in range(world)]
     cmds = [ctx.Queue() for _ in range(world)]
@@ -99,6 +90,37 @@ def start_workers(s: BuilderSettings, recipe: Recipe, devices: list[str]) -> Wor
         raise ValueError(start_error(exc, recipe)) from exc
     release_write_ends(events)
     return Workers(procs, events, cmds, board, devices, speeds, spec.startup_timeout_s)
+
+
+def context(s: BuilderSettings) -> Any:
+    """The multiprocessing context workers start in (``s.start_method``)."""
+    import torch.multiprocessing as tmp
+
+    ctx = tmp.get_context(s.start_method)
+    if s.start_method == "forkserver":
+        ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)
+    return ctx
+
+
+def make_spec(s: BuilderSettings, recipe: Recipe, devices: list[str], threads: Optional[int] = None,
+              parent_pid: Optional[int] = None) -> Any:
+    """What every worker is given: the recipe, every rank's device, the policy and the timeouts."""
+    from .worker import WorkerSpec
+
+    world = len(devices)
+    n_cpu = sum(1 for d in devices if d == "cpu")
+    return WorkerSpec(
+        recipe=recipe,
+        devices=list(devices),
+        speeds=[float(v) for v in s.simulate_speeds] if s.simulate_speeds is not None else [1.0] * world,
+        policy=s.policy.value,
+        backend=s.backend.value,
+        timeout_s=float(s.timeout_s),
+        startup_timeout_s=max(120.0, float(s.timeout_s)),
+        threads=threads if threads is not None else max(1, (os.cpu_count() or 1) // max(1, n_cpu)),
+        parent_pid=os.getpid() if parent_pid is None else parent_pid,
+        timeline=bool(s.timeline),
+    )
 
 
 def _too_many_files(exc: BaseException) -> bool:
@@ -199,7 +221,7 @@ def stop_workers(w: Workers, grace_s: float = 5.0) -> None:
         if p.is_alive():
             p.kill()
             p.join(timeout=2.0)
-    for q in [*w.events, *w.cmds]:
+    for q in [*w.events, *(c for c in w.cmds if hasattr(c, "cancel_join_thread"))]:
         try:
             q.cancel_join_thread()  # never block this process's exit on messages nobody will read
             q.close()
@@ -216,6 +238,12 @@ def stop_workers(w: Workers, grace_s: float = 5.0) -> None:
                     end.close()
         except Exception:  # noqa: BLE001 - best effort
             pass
+    for close in w.closers:
+        try:
+            close()
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+    w.closers = []
     pids = [p.pid for p in w.procs]
     for p in w.procs:  # release each process's sentinel pipe now, not when a held handle is collected
         try:

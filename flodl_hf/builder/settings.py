@@ -107,6 +107,16 @@ class BuilderSettings:
             return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
         return ["cpu"]
 
+    def rank_device(self, local_rank: int) -> str:
+        """Under torchrun: this rank's device (``.devices([d])`` if set, "cuda" meaning ``cuda:LOCAL_RANK``; else
+        ``cuda:LOCAL_RANK`` when CUDA is available, else the CPU)."""
+        if self.devices is not None:
+            text = str(self.devices[0]).strip().lower()
+            return f"cuda:{local_rank}" if text == "cuda" else text
+        import torch
+
+        return f"cuda:{local_rank}" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "cpu"
+
     def resolved_progressive(self) -> bool:
         """Whether work is handed out progressively: the setting, else on unless the policy is SYNC."""
         if self.progressive_dispatch is not None:
@@ -144,8 +154,11 @@ class BuilderSettings:
             return start
         return min(MAX_OVERSHOOT_LIMIT, max(start, _clamp(self.total_batches() // 50, 3, 10)))
 
-    def validate(self) -> list[str]:  # noqa: C901 - one flat list of independent checks reads best
-        """Check every setting; return the resolved devices, or raise one ValueError listing every problem."""
+    def validate(self, ranks: Optional[int] = None) -> list[str]:  # noqa: C901 - one flat list of independent checks
+        """Check every setting; return the resolved devices, or raise one ValueError listing every problem.
+
+        ``ranks``: under torchrun, the job's world size; this process is one rank (one device) and nothing is
+        pickled (each rank runs the script itself)."""
         errors: list[str] = []
 
         def bad(name: str, value: object, fix: str) -> None:
@@ -327,8 +340,15 @@ class BuilderSettings:
                         list(self.devices),
                         f"unknown device {wrong[0]!r}: use 'cpu', 'cuda' or 'cuda:N'",
                     )
+        if ranks is not None:
+            if self.devices is not None and not isinstance(self.devices, str) and len(self.devices) > 1:
+                bad("devices", list(self.devices), "under torchrun each process is one rank with one device: "
+                    "drop .devices(...) (cuda:LOCAL_RANK, else the CPU) or give one, e.g. .devices(['cpu'])")
+            if self.backend is AverageBackend.CPU:
+                bad("backend", self.backend, "the CPU backend averages in the launching process's shared memory, "
+                    "on one machine: under torchrun use AverageBackend.NCCL (a gloo all-reduce on CPUs)")
         if not any(e.startswith("devices=") for e in errors):
-            devices = self.resolved_devices()
+            devices = self.resolved_devices() if ranks is None else ["?"] * ranks
         world = len(devices) or 1
         if self.simulate_speeds is not None:
             speeds = self.simulate_speeds
@@ -357,7 +377,7 @@ class BuilderSettings:
                 f"it holds fewer samples than batch_size="
                 f"{self.batch_size}: lower the batch size or add data (incomplete final batches are dropped)",
             )
-        if world > 1 and not errors:
+        if world > 1 and not errors and ranks is None:
             for name in ("model_factory", "optim_factory", "train_fn", "scheduler", "epoch_fn", "collate_fn"):
                 value = getattr(self, name)
                 if value is None:

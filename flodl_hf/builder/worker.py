@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 import queue
+import socket
 import sys
 import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -29,7 +30,7 @@ from .slots import Slots
 from .state import ModelState, pack_tree
 from .step import Recipe, build_replica
 
-__all__ = ["WorkerSpec", "worker_main"]
+__all__ = ["WorkerSpec", "serve", "worker_main"]
 
 _POLL_S = 0.0005
 _PARENT_CHECK_S = 1.0
@@ -73,12 +74,15 @@ class _Stop(Exception):
 
 
 class _Worker:
-    def __init__(self, rank: int, spec: WorkerSpec, events: Any, cmds: Any, board_array: Any) -> None:
+    def __init__(self, rank: int, spec: WorkerSpec, events: Any, cmds: Any, board: Board,
+                 check: Optional[Callable[[], None]] = None, store: Any = None) -> None:
         self.rank = rank
         self.spec = spec
         self.events = events
         self.cmds = cmds
-        self.board = Board(spec.world, board_array)
+        self.board = board
+        self.check = check  # the store transport's liveness checks (the run's abort line, the coordinator's heartbeat)
+        self.store = store  # the store transport: the process group's rendezvous is this store
         self.sync = spec.policy == "sync"
         self.collective = spec.backend == "nccl"
         self.slots: Optional[Slots] = None  # CPU backend: given with the start signal
@@ -119,11 +123,14 @@ class _Worker:
             self._last_parent_check = now
             if not _alive(self.spec.parent_pid):
                 print(
-                    f"flodl-hf builder: worker {self.rank}: the caller's process is gone; exiting",
+                    f"flodl-hf builder: worker {self.rank}: the process that started it (the caller, or its torchrun "
+                    "agent) is gone; exiting",
                     file=sys.stderr,
                     flush=True,
                 )
                 os._exit(1)
+            if self.check is not None:
+                self.check()
 
     def poll(self, timeout: float = 0.0) -> None:
         """Handle every waiting command; wait up to ``timeout`` s for the first one."""
@@ -194,7 +201,7 @@ class _Worker:
         desc = str(self.device) + (
             f" ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda" else ""
         )
-        self.events.put(("ready", self.rank, layout, desc, init))
+        self.events.put(("ready", self.rank, layout, desc, init, socket.gethostname(), os.getpid()))
         deadline = time.monotonic() + self.spec.startup_timeout_s
         while True:
             self._check_parent()
@@ -229,7 +236,10 @@ class _Worker:
 
         timeout = timedelta(seconds=self.spec.timeout_s)
         world = self.spec.world
-        if self.rank == 0:
+        backend = "nccl" if self._comm_device().type == "cuda" else "gloo"
+        if self.store is not None:  # the store transport: the control plane's store is the rendezvous
+            store = dist.PrefixStore("pg/", self.store)
+        elif self.rank == 0:
             store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=timeout, wait_for_workers=False)
             self.events.put(("port", 0, store.port))
         else:
@@ -242,7 +252,6 @@ class _Worker:
                     )
                 self.poll(0.05)
             store = dist.TCPStore("127.0.0.1", self.port, world, False, timeout=timeout)
-        backend = "nccl" if self._comm_device().type == "cuda" else "gloo"
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=world, timeout=timeout)
         self.pg_ready = True
         dev = self._comm_device()
@@ -263,8 +272,7 @@ class _Worker:
             if not self.done and not self.work and self.ended:
                 self.done = True
                 self.publish()
-            plan = self.board.read_plan()  # one read of the board per pass, for both decisions
-            rows = self.board.read_rows(only=plan.mask if plan is not None else None)
+            plan, rows = self.board.read()  # one read of the board per pass, for both decisions
             rows[self.rank] = self._row()
             if self.try_average(plan, rows):
                 continue
@@ -435,22 +443,29 @@ class _Worker:
         self._maybe_send_state()
 
 
-def worker_main(rank: int, spec: WorkerSpec, events: Any, cmds: Any, board_array: Any) -> None:
-    """Entry point of a spawned worker process."""
-    code = 0
+def serve(rank: int, spec: WorkerSpec, events: Any, cmds: Any, board: Board,
+          check: Optional[Callable[[], None]] = None, store: Any = None) -> _Worker:
+    """Build one worker and run it until the coordinator stops it; return it (its model holds the result).
+
+    Any other exception propagates, after it was reported to the coordinator with its traceback, except a
+    ``DistributedError`` raised by ``check`` (the run's one-line verdict, or a lost store: nothing to report)."""
+    from ..distributed.errors import DistributedError
+
     worker: Optional[_Worker] = None
     try:
-        worker = _Worker(rank, spec, events, cmds, board_array)
+        worker = _Worker(rank, spec, events, cmds, board, check=check, store=store)
         worker.start()
         worker.run()
     except _Stop:
-        code = 0
-    except BaseException:  # noqa: BLE001 - report anything to the coordinator, then exit non-zero
-        code = 1
+        pass
+    except DistributedError:
+        raise
+    except BaseException:
         try:
             events.put(("error", rank, traceback.format_exc()))
         except Exception:  # noqa: BLE001
             pass
+        raise
     finally:
         if worker is not None and worker.pg_ready:
             try:
@@ -459,6 +474,17 @@ def worker_main(rank: int, spec: WorkerSpec, events: Any, cmds: Any, board_array
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - best effort at exit
                 pass
+    assert worker is not None  # noqa: S101 - _Stop comes only from a built worker
+    return worker
+
+
+def worker_main(rank: int, spec: WorkerSpec, events: Any, cmds: Any, board_array: Any) -> None:
+    """Entry point of a spawned worker process (the CPU backend's queue transport)."""
+    code = 0
+    try:
+        serve(rank, spec, events, cmds, Board(spec.world, board_array))
+    except BaseException:  # noqa: BLE001 - serve() reported it to the coordinator; exit non-zero
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(code)

@@ -14,45 +14,8 @@ import torch
 
 from dist_helpers import run_ranks, values
 from flodl_hf import ApplyPolicy, AverageBackend, Trainer
-from flodl_hf.elche.noise_scale import NoiseScale
-from flodl_hf.elche.partition import epoch_permutation
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def _reference_sync(n: int, batch: int, epochs: int, world: int, clip: float | None) -> dict:
-    """One process: round j trains on the concatenation of every rank's j-th batch (each epoch is dealt round
-    robin, epochs back to back, as the builder's SYNC split does)."""
-    data = ex.Indexed(n)
-    per_epoch = n // batch
-    own: list[list[list[int]]] = [[] for _ in range(world)]
-    for e in range(epochs):
-        perm = epoch_permutation(n, e).tolist()
-        for i in range(per_epoch):
-            own[i % world].append(perm[i * batch:(i + 1) * batch])
-    model = ex.make_model(torch.device("cpu"))
-    opt = ex.adamw(model.parameters())
-    noise, noise_after = NoiseScale(), []
-    for j in range(max(len(o) for o in own)):
-        small, items = [], []
-        for r in range(world):  # each rank's own gradient at this round's parameters, for the noise estimate
-            if j < len(own[r]):
-                ex.loss_fn(model, (data.x[own[r][j]], data.y[own[r][j]])).backward()
-                small.append(sum(float(p.grad.double().square().sum()) for p in model.parameters()
-                                 if p.grad is not None))
-                items.append(float(len(own[r][j])))
-                opt.zero_grad(set_to_none=True)
-        idx = [i for r in range(world) if j < len(own[r]) for i in own[r][j]]
-        loss = ex.loss_fn(model, (data.x[idx], data.y[idx]))
-        loss.backward()
-        big = sum(float(p.grad.double().square().sum()) for p in model.parameters() if p.grad is not None)
-        if noise.update(small, items, big):
-            noise_after.append(noise.noise_scale)
-        if clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return {"state": model.state_dict(), "noise_after": noise_after}
 
 
 @pytest.mark.parametrize("backend", [AverageBackend.NCCL, AverageBackend.CPU])
@@ -66,7 +29,7 @@ def test_sync_with_adamw_equals_one_process_on_the_concatenated_batches(backend,
         b = b.max_grad_norm(clip)
     handle = b.run()
     state = handle.join(timeout=200)
-    ref = _reference_sync(n, batch, epochs, world, clip)
+    ref = ex.reference_sync(n, batch, epochs, world, clip)
     reference = ref["state"]
     # the noise scale each epoch reports is the one-process estimate after some prefix of the rounds (which
     # prefix depends on when the epoch's last report overtook its round): the workers' own gradients and their
