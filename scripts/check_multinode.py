@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
               f"train {results[policy]['train_s']} s")
         failures += bool(bad)
     if "sync" in results and "reference" in results:
-        got, ref = load_file(str(out / "sync" / "state.safetensors")), load_file(str(out / "reference" / "state.safetensors"))
+        got = load_file(str(out / "sync" / "state.safetensors"))
+        ref = load_file(str(out / "reference" / "state.safetensors"))
         diff = max(float((got[k].double() - ref[k].double()).abs().max()) for k in ref)
         same = sorted(got) == sorted(ref) and all(torch.allclose(got[k], ref[k], rtol=1e-5, atol=1e-5) for k in ref)
         print(f"sync vs one process: largest difference {diff:.2e} ({'equal to 1e-5' if same else 'NOT equal'}); "

@@ -272,10 +272,6 @@ class DdpBuilder:
         # the collective backend's workers are torch.distributed ranks on a store (the torchrun code path); the CPU
         # backend's average in this process's shared memory, so they stay on queues (one machine)
         start = start_store_workers if s.backend is AverageBackend.NCCL else start_workers
-        import os
-
-        if os.environ.get("FLODL_BUILDER_TRANSPORT") == "queue":  # TEMPORARY: the old transport, for the bench A/B
-            start = start_workers
         workers = start(s, recipe, devices)
         if s.progress:
             kind = "gloo" if any(d == "cpu" for d in devices) else "nccl"

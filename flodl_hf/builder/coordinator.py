@@ -300,9 +300,6 @@ class Coordinator:
                 self.deferred_state = (k, flat, others, final, optim)
             else:
                 self._state_arrived(self._state_from_vector(flat, others), final, k, optim)
-        elif kind == "port":
-            for q in range(1, self.world):
-                self._send(q, ("port", msg[2]))
         elif kind == "tl":
             _, r, what, t0, t1, extra = msg
             self._event(what, r, t0, t1, **extra)

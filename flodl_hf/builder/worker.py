@@ -114,7 +114,6 @@ class _Worker:
         self.want_state = False
         self.finished = False
         self.pg_ready = False
-        self.port: Optional[int] = None
 
     # -- messaging -------------------------------------------------------------------------------------------
     def _check_parent(self) -> None:
@@ -162,8 +161,6 @@ class _Worker:
         elif kind == "want_state":
             self.want_state = True
             self._maybe_send_state()
-        elif kind == "port":
-            self.port = int(msg[1])
         elif kind == "stop":
             raise _Stop()
 
@@ -230,28 +227,17 @@ class _Worker:
         return self.device if all(d.startswith("cuda") for d in self.spec.devices) else torch.device("cpu")
 
     def _init_group(self) -> None:
-        """Rank 0 binds the rendezvous port itself (port 0: the system picks a free one) and publishes it
-        through the coordinator, so two runs can never race for the same port."""
+        """The process group's rendezvous is the control plane's store (under ``pg/``): the one the builder
+        hosts on a free port on one machine, or torchrun's, so two runs never race for a port."""
         import torch.distributed as dist
 
+        if self.store is None:
+            raise ValueError(f"worker {self.rank}: the collective backend needs the run's store (spawned by "
+                             "start_store_workers or under torchrun)")
         timeout = timedelta(seconds=self.spec.timeout_s)
         world = self.spec.world
         backend = "nccl" if self._comm_device().type == "cuda" else "gloo"
-        if self.store is not None:  # the store transport: the control plane's store is the rendezvous
-            store = dist.PrefixStore("pg/", self.store)
-        elif self.rank == 0:
-            store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=timeout, wait_for_workers=False)
-            self.events.put(("port", 0, store.port))
-        else:
-            deadline = time.monotonic() + self.spec.startup_timeout_s
-            while self.port is None:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"worker {self.rank}: rank 0 did not publish its rendezvous port within "
-                        f"{self.spec.startup_timeout_s:.0f} s"
-                    )
-                self.poll(0.05)
-            store = dist.TCPStore("127.0.0.1", self.port, world, False, timeout=timeout)
+        store = dist.PrefixStore("pg/", self.store)
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=world, timeout=timeout)
         self.pg_ready = True
         dev = self._comm_device()
