@@ -78,6 +78,14 @@ def start_workers(s: BuilderSettings, recipe: Recipe, devices: list[str]) -> Wor
         )
         for r in range(world)
     ]
+    start_all(procs, recipe)
+    release_write_ends(events)
+    return Workers(procs, events, cmds, board, devices, speeds, spec.startup_timeout_s)
+
+
+def start_all(procs: list[Any], recipe: Recipe, on_failure: Any = None) -> None:
+    """Start every worker process; if one cannot start, kill those already started, call ``on_failure`` and
+    raise the one-line ValueError of :func:`start_error`."""
     started = []
     try:
         for p in procs:
@@ -87,9 +95,9 @@ def start_workers(s: BuilderSettings, recipe: Recipe, devices: list[str]) -> Wor
         for p in started:
             p.kill()
             p.join(timeout=2.0)
+        if on_failure is not None:
+            on_failure()
         raise ValueError(start_error(exc, recipe)) from exc
-    release_write_ends(events)
-    return Workers(procs, events, cmds, board, devices, speeds, spec.startup_timeout_s)
 
 
 def context(s: BuilderSettings) -> Any:

@@ -30,7 +30,7 @@ from datetime import timedelta
 from typing import Any, Callable, Optional
 
 from ..distributed.errors import DistributedError
-from .lifecycle import Workers, context, make_spec, start_error
+from .lifecycle import Workers, context, make_spec, start_all
 from .settings import BuilderSettings
 from .step import Recipe
 from .storebus import (Heartbeat, Liveness, StoreBoard, StoreInbox, StoreLost, StoreQueue, command_queue,
@@ -157,17 +157,7 @@ def start_store_workers(s: BuilderSettings, recipe: Recipe, devices: list[str]) 
                     name=f"flodl-hf-worker-{r}")
         for r in range(world)
     ]
-    started = []
-    try:
-        for p in procs:
-            p.start()
-            started.append(p)
-    except Exception as exc:
-        for p in started:
-            p.kill()
-            p.join(timeout=2.0)
-        beat.stop()
-        raise ValueError(start_error(exc, recipe)) from exc
+    start_all(procs, recipe, on_failure=beat.stop)
     return Workers(procs, [], cmds, board, devices, spec.speeds, spec.startup_timeout_s, inbox=inbox, store=store,
                    closers=[beat.stop, lambda: server], peer_grace_s=3.0)
 
