@@ -68,9 +68,9 @@ def round_ready(plan: Optional[Plan], rows: Sequence[Row], k: int, sync: bool = 
     work counts as ready, and so does a rank that :func:`must_wait` holds back (it cannot run another batch
     before this round fires, so waiting for it to reach the trigger would deadlock). Because a held-back rank
     can be released by another rank's progress, the predicate alone is not monotone: a rank that finds the
-    round ready records it (``Row.fired``) before it acts, and every rank then treats the round as fired. Otherwise: CADENCE
-    (threshold set) needs ``wall_ms >= threshold``; count-based plans (SYNC, ASYNC, CADENCE before calibration)
-    need ``batches >= counts[rank]``.
+    round ready records it (``Row.fired``) before it acts, and every rank then treats the round as fired.
+    Otherwise: CADENCE (threshold set) needs ``wall_ms >= threshold``; count-based plans (SYNC, ASYNC, CADENCE
+    before calibration) need ``batches >= counts[rank]``.
     """
     if plan is None or not plan.applies_to(k):
         return False

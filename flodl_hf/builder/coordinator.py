@@ -38,6 +38,7 @@ from .rounds import AverageJob, Averager, CpuRounds, Snapshot
 from .settings import BuilderSettings
 from .slots import Slots
 from .state import Layout, state_from_flat, unpack_tree
+from .storebus import announce_abort
 from .types import ApplyPolicy, AverageBackend, EpochMetrics, TrainedState
 from .workpool import WorkPool
 
@@ -131,8 +132,6 @@ class Coordinator:
         except BaseException as exc:  # noqa: BLE001 - handed to join()
             self.error = exc
             if self.workers.store is not None:  # every rank, wherever it runs, stops with this one line
-                from .ranks import announce_abort
-
                 announce_abort(self.workers.store, exc)
         finally:
             if self.averager is not None:

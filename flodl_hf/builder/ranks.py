@@ -34,7 +34,7 @@ from .lifecycle import Workers, context, make_spec, start_all
 from .settings import BuilderSettings
 from .step import Recipe
 from .storebus import (Heartbeat, Liveness, StoreBoard, StoreInbox, StoreLost, StoreQueue, command_queue,
-                       event_queue, post_abort, read_abort)
+                       event_queue, read_abort)
 
 __all__ = ["HEARTBEAT_TIMEOUT_S", "torchrun_env", "start_store_workers", "spawned_main", "TorchrunRanks"]
 
@@ -336,13 +336,3 @@ class TorchrunRanks:
         state = state_from_flat(layout, flat[:n], flat[n:], worker.state.other_values())
         return TrainedState(state, world_size=self.world, devices=self.devices, rounds=worker.k,
                             epochs=int(self.s.num_epochs), global_step=worker.global_step)
-
-
-def abort_line(exc: BaseException) -> str:
-    """The one line every surviving rank prints for the run's error."""
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
-def announce_abort(store: Any, exc: BaseException) -> None:
-    post_abort(store, abort_line(exc))

@@ -31,7 +31,7 @@ from . import wire
 from .board import _ROW, Board
 
 __all__ = ["StoreLost", "StoreQueue", "StoreInbox", "StoreBoard", "Heartbeat", "Liveness", "post_abort",
-           "read_abort", "event_queue", "command_queue", "CHUNK"]
+           "announce_abort", "abort_line", "read_abort", "event_queue", "command_queue", "CHUNK"]
 
 #: Bytes per store value (the libuv TCPStore refuses payloads over 8 MiB).
 CHUNK = 4 * 1024 * 1024
@@ -305,6 +305,17 @@ class Liveness:
             elif now - since > self.timeout_s:
                 out[name] = now - since
         return out
+
+
+def abort_line(exc: BaseException) -> str:
+    """The one line every surviving rank prints for the run's error."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def announce_abort(store: Any, exc: BaseException) -> None:
+    """Post ``exc``'s first line as the run's abort line."""
+    post_abort(store, abort_line(exc))
 
 
 def post_abort(store: Any, line: str) -> None:

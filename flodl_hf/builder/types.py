@@ -87,10 +87,10 @@ class EpochMetrics:
     lost_ranks: list[int] = field(default_factory=list)
     """Ranks dropped so far (CPU backend: dead workers)."""
     noise_scale: Optional[float] = None
-    """SYNC: the gradient noise scale ``B_noise`` in samples (``flodl_hf.elche.noise_scale``), smoothed over the averaged
-    rounds so far, from the workers' own gradients and their average (no extra collective); None under CADENCE and
-    ASYNC (replicas step on their own, so no round holds the gradients of one set of parameters) and before two
-    ranks have contributed to a round."""
+    """SYNC: the gradient noise scale ``B_noise`` in samples (``flodl_hf.elche.noise_scale``), smoothed over the
+    averaged rounds so far, from the workers' own gradients and their average (no extra collective); None under
+    CADENCE and ASYNC (replicas step on their own, so no round holds the gradients of one set of parameters) and
+    before two ranks have contributed to a round."""
 
 
 class TrainedState:

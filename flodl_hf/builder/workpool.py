@@ -6,7 +6,8 @@ compute the same permutation from ``seed + epoch``, so a batch travels as ``(epo
 and ASYNC every rank pulls small chunks from one shared cursor, so the slices it ends up with are disjoint and
 proportional to its speed; with SYNC each epoch is split equally (round robin) up front, as plain synchronous
 data parallelism does; with ``progressive_dispatch(False)`` each epoch is cut into one contiguous slice per rank,
-proportional to El Che's counts when the epoch starts. Epochs are pipelined: a rank that runs out of epoch ``e`` takes from ``e + 1``.
+proportional to El Che's counts when the epoch starts. Epochs are pipelined: a rank that runs out of epoch ``e``
+takes from ``e + 1``.
 
 A resumed run's pool skips the batches its checkpoint's model already holds (``skip``: a checkpoint taken at an
 epoch end may hold a few batches of the next epoch; ``flodl_hf.builder.resume``).
