@@ -121,6 +121,12 @@ def test_two_concurrent_collective_runs_bind_their_own_ports():
 
 
 def test_a_task_head_trains_directly_in_builder_mode():
+    """A head (``HasGraph``) is the model a builder trains, and the state it returns loads back into a head.
+
+    CADENCE's plan follows the workers' timings, so the check has margin instead of a pinned plan: at lr 3e-3 for
+    8 epochs every plan measured (even speeds, [1, 0.3], [0.3, 1], two runs each) ended with a loss on the whole
+    set of 0.004-0.014, against ln 2 = 0.69 for an untrained model; the earlier check (2 epochs at lr 0.05, last
+    epoch's loss below the first's) failed on a fresh clone when one plan made the second epoch slightly worse."""
     import tiny_models
 
     tok = tiny_models.tiny_tokenizer("bert")
@@ -128,7 +134,8 @@ def test_a_task_head_trains_directly_in_builder_mode():
     enc = tok([t for t, _ in rows], padding="max_length", truncation=True, max_length=16, return_tensors="pt")
     data = [{"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i],
              "labels": torch.tensor(rows[i][1])} for i in range(len(rows))]
-    handle = (Trainer.builder(ex.head_factory, ex.adamw, ex.head_loss).dataset(data).batch_size(8).num_epochs(2)
+    adamw = functools.partial(torch.optim.AdamW, lr=3e-3)
+    handle = (Trainer.builder(ex.head_factory, adamw, ex.head_loss).dataset(data).batch_size(8).num_epochs(8)
               .policy(ApplyPolicy.CADENCE).backend(AverageBackend.CPU).devices(["cpu", "cpu"]).timeout(30)
               .progress(False).start_method("forkserver").run())
     state = handle.join(timeout=150)
@@ -136,7 +143,11 @@ def test_a_task_head_trains_directly_in_builder_mode():
     state.load_into(head)
     for key, value in head.graph().module.state_dict().items():
         assert torch.equal(value, state.state_dict()[key])
-    assert handle.metrics[-1].avg_loss < handle.metrics[0].avg_loss
+    head.graph().module.eval()
+    with torch.no_grad():
+        whole = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+        loss = float(head.compute_loss(whole, torch.tensor([label for _, label in rows])))
+    assert loss < 0.3, (loss, [m.avg_loss for m in handle.metrics])
 
 
 # ------------------------------------------------------------------------------------------ the collectives
