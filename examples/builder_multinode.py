@@ -3,8 +3,8 @@
 Every process of the job runs this script; the builder sees torchrun's environment and joins as one rank (one
 device: ``cuda:LOCAL_RANK``, else the CPU). Rank 0 also runs the coordinator, evaluates the result on held-out rows
 and writes ``OUT/result.json``. Each rank logs the rows of every batch it trains on (``OUT/rank<R>.jsonl``), so
-coverage can be checked from outside. Dropout is off and the attention key biases are frozen (see ``make_head``),
-so SYNC can be compared with one process exactly.
+coverage can be checked from outside. Dropout is off and the attention key biases and the word embeddings are
+frozen (see ``make_head``), so SYNC can be compared with one process exactly.
 
     bash examples/builder_multinode.sh                       # two "nodes" on this machine, every policy
     torchrun --nnodes 2 --node-rank 0 ... examples/builder_multinode.py OUT --policy cadence   # your own nodes
@@ -36,11 +36,11 @@ from heads import BertForSequenceClassification  # noqa: E402
 
 MAX_LENGTH = 64
 # The peak LR is where one epoch reaches its plateau: one process on these 4,000 rows scored 0.689, 0.727, 0.753 and
-# 0.753 on the 8,000 held-out rows at 3.5e-5, 5e-5, 1e-4 and 2e-4. Below the plateau, comparing policies measures
-# how fast they learn, not what they reach, and CADENCE and ASYNC learn more slowly per batch: at 5e-5 they scored
-# 0.695 and 0.697 against SYNC's 0.727, as one process would at an LR between 3.5e-5 and 5e-5 (a likely reason:
-# each rank's AdamW steps on its own 16 rows, whose noisier gradients give larger second moments, hence smaller
-# steps, than SYNC's on 32). Pass --lr 5e-5 to see it.
+# 0.753 on the 8,000 held-out rows at 3.5e-5, 5e-5, 1e-4 and 2e-4 (word embeddings trained). Below the plateau,
+# comparing policies measures how fast they learn, not what they reach, and CADENCE and ASYNC learn more slowly per
+# batch: at 5e-5 they scored 0.695 and 0.697 against SYNC's 0.727, as one process would at an LR between 3.5e-5 and
+# 5e-5 (a likely reason: each rank's AdamW steps on its own 16 rows, whose noisier gradients give larger second
+# moments, hence smaller steps, than SYNC's on 32). Pass --lr 5e-5 to see it.
 LR, WEIGHT_DECAY, WARMUP = 1e-4, 0.01, 0.1
 # Held-out rows. The check compares accuracies to 0.02, so the comparison needs rows enough to see 0.02: on 1,000
 # rows one accuracy's binomial standard error is 0.014, and one run's CADENCE gap to SYNC measured 0.021 there
@@ -67,8 +67,12 @@ def make_head(labels, device):
     # turns that noise into full-size steps that differ between any two implementations. Measured on 4,000 rows
     # without this: SYNC's key biases were up to 4.6e-05 from one process's, while every other parameter was within
     # 3.8e-06.
+    # The word embeddings are frozen too: a token seen once in the training rows gets one gradient, after which AdamW
+    # keeps moving its row by its moments alone for the rest of the run, and at lr 1e-4 those rows carried rounding
+    # differences past 1e-5 (1.95e-05 from one process, all 12 such elements in rows of tokens seen one to three
+    # times; every other tensor within 3.3e-07). Frozen: 3.6e-07, and one process's held-out accuracy 0.751 (0.753).
     for name, param in model.named_parameters():
-        if name.endswith("attention.self.key.bias"):
+        if name.endswith("attention.self.key.bias") or name.endswith("word_embeddings.weight"):
             param.requires_grad_(False)
     return head
 
