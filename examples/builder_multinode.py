@@ -89,7 +89,7 @@ def loss_of(head, batch):
     return head.compute_loss(enc, batch["labels"])
 
 
-def optimizer(params, lr: float = LR):
+def optimizer(params, lr: float):
     return torch.optim.AdamW(params, lr=lr, weight_decay=WEIGHT_DECAY)
 
 

@@ -44,13 +44,13 @@ def coverage(run: Path, n: int, batch: int, epochs: int) -> str:
     return f"missing {sum((want - got).values())} batches, extra {sum((got - want).values())}"
 
 
-def paired_gap(a: dict, b: dict) -> tuple[float, float]:
-    """``a``'s accuracy minus ``b``'s and that difference's standard error, from their row-by-row answers."""
+def paired_se(a: dict, b: dict) -> float:
+    """The standard error of ``a``'s accuracy minus ``b``'s, from their row-by-row answers on the same rows."""
     x = [int(i) - int(j) for i, j in zip(a["correct"], b["correct"])]
     n = len(x)
     mean = sum(x) / n
     var = sum((v - mean) ** 2 for v in x) / max(n - 1, 1)
-    return mean, (var / n) ** 0.5
+    return (var / n) ** 0.5
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             ok = gap <= 0.02
             spread = ""
             if len(results["sync"].get("correct", "")) == len(results[policy].get("correct", "")) > 0:
-                spread = f" ± {paired_gap(results['sync'], results[policy])[1]:.4f} (paired standard error)"
+                spread = f" ± {paired_se(results['sync'], results[policy]):.4f} (paired standard error)"
             print(f"{policy} vs sync accuracy: {gap:+.4f}{spread} below, on {results[policy].get('eval_rows', '?')} "
                   f"held-out rows ({'within' if ok else 'NOT within'} 0.02)")
             failures += not ok
