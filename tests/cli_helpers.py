@@ -63,3 +63,103 @@ def command_options() -> dict[str, set[str]]:
     found = {name: options(parser) for name, parser in sub.choices.items()}
     found["bench"] |= options(bench_parser()) | options(simulate_parser())
     return found
+
+
+#: What one ``flodl-hf`` command may not change in the process that runs it in-process (``run_main``).
+def _process_state() -> dict:
+    import signal
+    import sys
+
+    import torch
+
+    return {"environment": dict(os.environ), "working directory": os.getcwd(), "torch threads": torch.get_num_threads(),
+            "default dtype": torch.get_default_dtype(), "grad mode": torch.is_grad_enabled(),
+            "signal handlers": {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)},
+            "sys.excepthook": sys.excepthook}
+
+
+def _restore(state: dict) -> None:
+    import signal
+    import sys
+
+    import torch
+
+    torch.set_num_threads(state["torch threads"])
+    torch.set_default_dtype(state["default dtype"])
+    torch.set_grad_enabled(state["grad mode"])
+    for number, handler in state["signal handlers"].items():
+        signal.signal(number, handler)
+    sys.excepthook = state["sys.excepthook"]
+
+
+def run_main(argv, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    """``python -m flodl_hf ARGV`` run in this process through ``flodl_hf.cli.main(argv)``: the same exit code,
+    stdout and stderr (both file descriptors and ``sys.stdout``/``sys.stderr``, so C-level writes are caught too)
+    and the same working directory and environment (``env`` replaces ``os.environ`` for the call), without a
+    Python start-up. An exception that escapes ``main`` is printed as the interpreter would (a traceback, exit 1),
+    argparse's exit keeps its code. What the command changed in the process (environment, working directory,
+    torch's switches, signal handlers) is put back and fails the call: a command run twice in one process (a
+    notebook) must find it as it was.
+
+    For commands refused before any work and for short runs on tiny models; a command that could block (a FIFO),
+    needs a signal or a resource limit, or reads the environment at import runs in a subprocess instead."""
+    import contextlib
+    import io
+    import sys
+    import tempfile
+    import traceback
+
+    from flodl_hf import cli
+
+    before = _process_state()
+    saved_env = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    old_cwd = os.getcwd()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, open(os.devnull) as nothing:
+        saved = [os.dup(1), os.dup(2)]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        py_out = io.TextIOWrapper(open(1, "wb", closefd=False), encoding="utf-8", errors="replace",
+                                  line_buffering=True)
+        py_err = io.TextIOWrapper(open(2, "wb", closefd=False), encoding="utf-8", errors="replace",
+                                  line_buffering=True)
+        try:
+            os.chdir(cwd)
+            with contextlib.redirect_stdout(py_out), contextlib.redirect_stderr(py_err):
+                old_stdin, sys.stdin = sys.stdin, nothing
+                try:
+                    code = cli.main([str(a) for a in argv])
+                except SystemExit as exc:
+                    code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                    if isinstance(exc.code, str):
+                        print(exc.code, file=sys.stderr)
+                except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
+                    traceback.print_exc()
+                    code = 1
+                finally:
+                    sys.stdin = old_stdin
+            py_out.flush()
+            py_err.flush()
+        finally:
+            os.chdir(old_cwd)
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            changed_env = sorted(k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k))
+            os.environ.clear()
+            os.environ.update(saved_env)
+        out.seek(0)
+        err.seek(0)
+        stdout = out.read().decode("utf-8", "replace")
+        stderr = err.read().decode("utf-8", "replace")
+    after = _process_state()
+    left = [key for key in before if key != "environment" and before[key] != after[key]]
+    _restore(before)
+    if changed_env:
+        left.append(f"environment variables {changed_env}")
+    assert not left, f"flodl-hf {' '.join(map(str, argv))} left the process changed: {left}"
+    return subprocess.CompletedProcess([sys.executable, "-m", "flodl_hf", *map(str, argv)], code, stdout, stderr)

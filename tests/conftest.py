@@ -61,3 +61,10 @@ def _one_torch_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop the persistent gloo ranks (``rank_pool``) with the session."""
+    from rank_pool import close_pools
+
+    close_pools()

@@ -1,7 +1,10 @@
-"""Run a function on N real gloo ranks (spawned processes on loopback) and collect what each returns.
+"""Run a function on N real gloo ranks on loopback and collect what each returns.
 
 Test helper only: every multi-rank test in this suite goes through a real ``torch.distributed`` process group,
 the way torchrun would start it (RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT in the environment).
+``run_ranks`` runs the function on the session's persistent ranks (``rank_pool``); ``spawn_ranks`` spawns fresh
+interpreters, for the tests that need one (a rank that exits or is killed, interpreter teardown, an environment
+variable read at import), each of which says why.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from flodl_hf.distributed.launch import free_port
+from rank_pool import pool_for
 
 
 def _entry(fn: Callable[..., Any], rank: int, world: int, port: int, out: str, args: tuple,
@@ -43,7 +47,15 @@ def _entry(fn: Callable[..., Any], rank: int, world: int, port: int, out: str, a
 
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 120.0,
               env: Optional[dict] = None) -> list[tuple[str, Any]]:
-    """Run ``fn(rank, world, *args)`` on ``world`` spawned ranks; return ``[(status, value), ...]`` by rank.
+    """Run ``fn(rank, world, *args)`` on the session's ``world`` persistent ranks; ``[(status, value), ...]`` by
+    rank, exactly as :func:`spawn_ranks` returns them. A rank that hangs fails the test; one that leaves state
+    behind fails it too (``rank_pool``)."""
+    return pool_for(world).run(fn, *args, timeout=timeout, env=env)
+
+
+def spawn_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 120.0,
+                env: Optional[dict] = None) -> list[tuple[str, Any]]:
+    """Run ``fn(rank, world, *args)`` on ``world`` freshly spawned ranks; return ``[(status, value), ...]`` by rank.
 
     status is ``"ok"`` (value = what fn returned, pickled) or ``"error"`` (value = the message and traceback),
     or ``"missing"`` when the rank died without writing a result.

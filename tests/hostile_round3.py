@@ -28,8 +28,8 @@ __all__ = ["CASES3"]
 CASES3: list[Case] = []
 
 
-def case(id: str, argv, needles=(), code: int = 2, setup=None, owned=()) -> None:
-    CASES3.append(Case(id, tuple(argv), tuple(needles), code, setup, tuple(owned)))
+def case(id: str, argv, needles=(), code: int = 2, setup=None, owned=(), process: str = "") -> None:
+    CASES3.append(Case(id, tuple(argv), tuple(needles), code, setup, tuple(owned), process))
 
 
 # --- resume: a checkpoint written once per kind, copied into each case -------------------------------------------
@@ -357,26 +357,29 @@ def truncated_weights(path: str, keep: int = 5000) -> Callable[[Path], None]:
     return plant
 
 
+#: Why the FIFO rows run in a subprocess of their own.
+BLOCKS = "a planted FIFO blocks whoever opens it: the row needs a timeout"
 case("a FIFO as --data", ["train", "--model", "{base}", "--data", "p.csv", "--output-dir", "out"],
-     ("--data", "not a regular file"), setup=fifo("p.csv"))
+     ("--data", "not a regular file"), setup=fifo("p.csv"), process=BLOCKS)
 case("a FIFO as eval --data (kept back)", ["eval", "--model", "{trained}", "--data", "p.csv"],
-     ("not a regular file",), setup=fifo("p.csv"))
+     ("not a regular file",), setup=fifo("p.csv"), process=BLOCKS)
 TRAIN_ARGS = ("train", "--model", "{base}", "--data", "{data}", "--output-dir", "out")
 case("a FIFO as --eval-data (kept back)", [*TRAIN_ARGS, "--eval-data", "p.csv"],
-     ("--eval-data", "not a regular file"), setup=fifo("p.csv"))
+     ("--eval-data", "not a regular file"), setup=fifo("p.csv"), process=BLOCKS)
 case("a FIFO as the model's config.json (kept back)", ["predict", "--model", "m", "good"], ("not a regular file",),
-     setup=lambda root: (model_copy("m", drop=("config.json",))(root), fifo("m/config.json")(root)))
+     setup=lambda root: (model_copy("m", drop=("config.json",))(root), fifo("m/config.json")(root)), process=BLOCKS)
 case("a FIFO as the model's weights (kept back)", ["export", "--model", "m", "--output", "o"],
      ("not a regular file",), setup=lambda root: (model_copy("m", drop=("model.safetensors",))(root),
-                                                  fifo("m/model.safetensors")(root)))
+                                                  fifo("m/model.safetensors")(root)), process=BLOCKS)
 case("a FIFO as the tokenizer file (kept back)", [*TRAIN_ARGS[:2], "m", *TRAIN_ARGS[3:]], ("not a regular file",),
-     setup=lambda root: (model_copy("m", drop=("tokenizer.json",))(root), fifo("m/tokenizer.json")(root)))
+     setup=lambda root: (model_copy("m", drop=("tokenizer.json",))(root), fifo("m/tokenizer.json")(root)),
+     process=BLOCKS)
 case("a FIFO as eval --json (kept back)", ["eval", "--model", "{trained}", "--data", "{data}", "--json", "r.json"],
-     ("not a regular file", "--json"), setup=fifo("r.json"))
+     ("not a regular file", "--json"), setup=fifo("r.json"), process=BLOCKS)
 case("a FIFO as the output's lock file (kept back)", [*TRAIN_ARGS], ("lock file", "not a regular file"),
-     setup=fifo(".out.lock"))
+     setup=fifo(".out.lock"), process=BLOCKS)
 case("a FIFO as --resume's manifest (kept back)", [*TRAIN_ARGS, "--resume", "ck"], ("no checkpoint at",),
-     setup=fifo("ck/checkpoint.json"))
+     setup=fifo("ck/checkpoint.json"), process=BLOCKS)
 case("export of a truncated model.safetensors", ["export", "--model", "m", "--output", "o"],
      ("model.safetensors is corrupt or truncated", "--model"), setup=truncated_weights("m"))
 for command, extra in (("predict", ["good"]), ("train", ["--data", "{data}", "--output-dir", "out"]),

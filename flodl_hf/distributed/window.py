@@ -79,7 +79,18 @@ def _install_excepthook() -> None:
         previous(exc_type, exc, tb)
 
     hook._flodl_hf = True  # type: ignore[attr-defined]
+    hook._flodl_hf_previous = previous  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+def _release_process_hooks() -> None:
+    """Once the last runtime is closed, leave the process as it was before the first: the previous excepthook back
+    (unless another hook was installed over ours) and no failure mark for a runtime the process opens later."""
+    global _PROCESS_FAILED
+    hook = sys.excepthook
+    if getattr(hook, "_flodl_hf", False):
+        sys.excepthook = hook._flodl_hf_previous  # type: ignore[attr-defined]
+    _PROCESS_FAILED = False
 
 
 class WindowRuntime:
@@ -404,6 +415,8 @@ class WindowRuntime:
         self._closed = True
         if self in _OPEN:
             _OPEN.remove(self)
+        if not _OPEN:
+            _release_process_hooks()
 
     def _check(self, m: torch.Tensor, own_flag: float) -> bool:
         """Raise if ranks disagree; True when every rank is finishing."""
@@ -526,6 +539,13 @@ class WindowRuntime:
         self._closed = True
         if self in _OPEN:
             _OPEN.remove(self)
+        try:
+            self._close(flag)
+        finally:
+            if not _OPEN:
+                _release_process_hooks()
+
+    def _close(self, flag: int) -> None:
         self.guard.remove()
         if self.overlap is not None:
             self.overlap.remove()

@@ -1,11 +1,12 @@
 """Hostile input never loses a user's files, never trains silently wrong, and fails before training (issue 16).
 
-Every row of ``tests/hostile_cases.py`` runs the real ``python -m flodl_hf`` in a subprocess, in a directory of its
-own, and checks: the exit code; exactly one ``flodl-hf: error:`` line holding the case's needles (none for a
+Every row of ``tests/hostile_cases.py`` runs the real command line in a directory of its own: through
+``flodl_hf.cli.main(argv)`` in this process (``cli_helpers.run_main``: the same exit code, stdout, stderr and files as
+``python -m flodl_hf``, without paying a Python start-up per row), or, for a row that says why it needs one (a FIFO
+that would block: a timeout), the real ``python -m flodl_hf`` in a subprocess. Each row checks: the exit code; exactly one ``flodl-hf: error:`` line holding the case's needles (none for a
 documented acceptance, exit 0); no traceback; and that a listing of the directory (every path and the bytes of
-every file) differs after the run only by what the command owns. Most cases are refused before torch is imported,
-so each costs a Python start-up; the few that load a model share one tiny base checkpoint and one tiny trained
-classifier (module-scoped). Then: a property test (random foreign files planted wherever any command writes,
+every file) differs after the run only by what the command owns. The cases that load a model share one tiny base
+checkpoint and one tiny trained classifier (module-scoped). Then: a property test (random foreign files planted wherever any command writes,
 every command run against them, ``--overwrite`` too: every foreign file stays byte-identical), the memory bound of
 label values, SIGTERM, stale temporary files, and a full disk.
 """
@@ -26,7 +27,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from cli_helpers import command_options
+from cli_helpers import command_options, run_main
 from hostile_cases import CASES as FIRST_CASES
 from hostile_round3 import CASES3
 from tiny_models import make_checkpoint, toy_task
@@ -135,25 +136,39 @@ def _prepare(case, shared, root: Path):
 
 @pytest.fixture(scope="module")
 def sweep(request, shared, tmp_path_factory):
-    """The selected rows' commands, run two at a time up front (each is a lone ``python -m flodl_hf`` in a
-    directory of its own, mostly a Python start-up: on 2 cores two overlap without slowing each other much); each
-    row's test then checks its own outcome. Rows are prepared one after another, in table order."""
+    """The selected rows' commands, run up front; each row's test then checks its own outcome. Rows are prepared
+    one after another, in table order. The rows that need a process of their own start first, in the background
+    (each is mostly a Python start-up); the others then run in this process, one after another, with one torch
+    thread, as the subprocesses do."""
     from concurrent.futures import ThreadPoolExecutor
+
+    import torch
 
     wanted = {item.callspec.params["case"].id for item in request.session.items
               if item.originalname == "test_hostile_input" and hasattr(item, "callspec")}
     root = tmp_path_factory.mktemp("hostile-sweep")
     prepared = {case.id: _prepare(case, shared, root) for case in CASES if case.id in wanted}
+    own_process = [case.id for case in CASES if case.id in prepared and case.process]
 
-    def one(case_id: str):
+    def one(case_id: str, runner):
         work, _, argv = prepared[case_id]
         try:
-            return run(argv, work)
-        except Exception as exc:  # noqa: BLE001 - a timeout fails that row's test, with its cause
+            return runner(argv, work)
+        except Exception as exc:  # noqa: BLE001 - a timeout or a changed process fails that row's test
             return exc
 
+    results = {}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = dict(zip(prepared, pool.map(one, list(prepared))))
+        started = {case_id: pool.submit(one, case_id, run) for case_id in own_process}
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for case_id in prepared:
+                if case_id not in started:
+                    results[case_id] = one(case_id, lambda argv, work: run_main(argv, work, ENV))
+        finally:
+            torch.set_num_threads(threads)
+        results.update({case_id: future.result() for case_id, future in started.items()})
     return {case_id: (prepared[case_id][0], prepared[case_id][1], results[case_id]) for case_id in prepared}
 
 

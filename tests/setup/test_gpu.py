@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 import tiny_models
-from dist_helpers import run_ranks, values
+# spawn_ranks, not the rank pool: a CUDA context and NCCL communicators live as long as their process
+from dist_helpers import spawn_ranks, values
 from flodl_hf import DdpConfig, Trainer
 from gpu import requires_gpus
 from heads import AutoHeadForSequenceClassification
@@ -66,7 +67,7 @@ def test_fp16_on_one_gpu_refuses_an_unscaled_backward():
 @requires_gpus(2)
 def test_nccl_windows_equal_one_big_batch():
     sizes, anchor, windows = [11, 5], 3, 4
-    results = values(run_ranks(_exact_rank, 2, sizes, anchor, windows, None,
+    results = values(spawn_ranks(_exact_rank, 2, sizes, anchor, windows, None,
                                env={"FLODL_HF_DEVICES": "cuda:0,cuda:1"}))
     reference = _reference(sizes, anchor, windows, None)
     for params, _, _ in results:
@@ -114,7 +115,7 @@ def test_nccl_vanished_peer_raises_distributed_error_naming_it():
     import time
 
     start = time.monotonic()
-    results = run_ranks(_nccl_vanish_rank, 2, timeout=90, env={"FLODL_HF_DEVICES": "cuda:0,cuda:1"})
+    results = spawn_ranks(_nccl_vanish_rank, 2, timeout=90, env={"FLODL_HF_DEVICES": "cuda:0,cuda:1"})
     assert time.monotonic() - start < 60  # within timeout_s (30 s), not the NCCL watchdog's abort
     status, message = results[0]
     assert status == "error" and "DistributedError" in message and "rank(s) [1] vanished" in message, message
@@ -126,7 +127,7 @@ def test_nccl_masked_token_losses_and_frozen_layers_match_the_reference():
     from exactness_harness import check_case, make_case, run_cases_on_rank
 
     cases = [c for c in (make_case(seed, world=2) for seed in range(40))][:12]
-    per_rank = values(run_ranks(run_cases_on_rank, 2, cases, timeout=600,
+    per_rank = values(spawn_ranks(run_cases_on_rank, 2, cases, timeout=600,
                                 env={"FLODL_HF_DEVICES": "cuda:0,cuda:1"}))
     for i, case in enumerate(cases):
         check_case(case, [{**per_rank[r][i], "params": {k: v.cpu() for k, v in per_rank[r][i]["params"].items()}}
