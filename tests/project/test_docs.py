@@ -35,10 +35,11 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import pytest
 from cli_helpers import command_options
+from warm_python import WarmPython
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -171,23 +172,32 @@ def _build_tiny_minilm(root: Path) -> Path:
     return root
 
 
+@dataclass(frozen=True)
+class BlockEnv:
+    env: dict[str, str]
+    python: list[str]  # the command line that stands in for `python`
+
+
 @pytest.fixture(scope="module")
-def block_env(tmp_path_factory) -> dict[str, str]:
-    """The environment every block runs in: the tiny MiniLM, this checkout's code, offline, one thread."""
+def block_env(tmp_path_factory) -> Iterator[BlockEnv]:
+    """The environment every block runs in: the tiny MiniLM, this checkout's code, offline, one thread, and
+    ``python`` / ``flodl-hf`` served by a warm interpreter (``warm_python``: each command a fork of a server that
+    imported torch and transformers once, with a fresh ``__main__``; the block's own code is unchanged)."""
     base = tmp_path_factory.mktemp("docs-env")
     shadow = _build_tiny_minilm(base / "shadow")
     bin_dir = base / "bin"
     bin_dir.mkdir()
-    for name, command in (("python", f'exec "{sys.executable}" "$@"'),
-                          ("flodl-hf", f'exec "{sys.executable}" -m flodl_hf "$@"')):
-        (bin_dir / name).write_text(f"#!/bin/sh\n{command}\n")
-        (bin_dir / name).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
     env.update(PYTHONPATH=os.pathsep.join([str(shadow), str(ROOT)]),
                PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
                MPLBACKEND="Agg")
-    return env
+    warm = WarmPython(env, str(base))
+    warm.write_wrappers(str(bin_dir))
+    try:
+        yield BlockEnv(env, warm.command())
+    finally:
+        warm.close()
 
 
 @dataclass
@@ -197,7 +207,7 @@ class PageRun:
     stderr: str
 
 
-def run_page(page: str, env: dict[str, str], workdir: Path) -> PageRun:
+def run_page(page: str, where: BlockEnv, workdir: Path) -> PageRun:
     workdir.mkdir()
     for name in LINKED:
         (workdir / name).symlink_to(ROOT / name, target_is_directory=True)
@@ -207,12 +217,12 @@ def run_page(page: str, env: dict[str, str], workdir: Path) -> PageRun:
             continue
         if block.language == "python":
             script = workdir / f".block-{block.line}.py"
-            command = [sys.executable, str(script)]
+            command = [*where.python, str(script)]
         else:
             script = workdir / f".block-{block.line}.sh"
             command = ["bash", "-e", "-o", "pipefail", str(script)]
         script.write_text(block.code, encoding="utf-8")
-        proc = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=540)
+        proc = subprocess.run(command, cwd=workdir, env=where.env, capture_output=True, text=True, timeout=540)
         assert proc.returncode == 0, (f"{page}:{block.line} ({block.language}) exited {proc.returncode}\n"
                                       f"--- stdout\n{proc.stdout[-2000:]}\n--- stderr\n{proc.stderr[-4000:]}")
         out.append(proc.stdout)

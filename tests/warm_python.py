@@ -1,0 +1,281 @@
+"""A warm Python: ``python ARGS`` as a fork of a server that imported torch and transformers once.
+
+Why it exists: a fresh interpreter that imports torch and transformers costs 3-6 s on the project's 2-core machine,
+and the docs' blocks and the command-line tests start dozens of them. Here a server imports the heavy modules once
+and forks for every command; the fork runs the command as a fresh ``python`` would (a new ``__main__``, ``sys.argv``,
+``sys.path[0]``, the caller's working directory, environment and standard streams, the interpreter's exit: non-daemon
+threads joined, ``atexit`` run, the exit code or the killing signal handed back), so each command is still a process
+of its own, only one that starts with its imports done.
+
+The client (``python -I -S tests/warm_python.py client SOCKET ARGS...``, a few milliseconds of start-up) stands in
+for ``python ARGS``: it hands its three standard streams, working directory and environment to the server, forwards
+SIGINT / SIGTERM / SIGHUP to the command and exits with its code (or dies of its signal). Where the fork could differ
+from a fresh interpreter the client runs the real one instead: an interpreter option other than ``-m``, ``-c``,
+``-u``, a script or ``-``, or an environment that differs from the server's in a variable read at import (torch's,
+OpenMP's, Hugging Face's, Python's own). Commands that are killed with SIGKILL (which cannot be forwarded) or that
+check what a fresh interpreter imports keep a real subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+__all__ = ["WarmPython", "serve", "client", "IMPORT_TIME_PREFIXES", "PRELOAD"]
+
+#: Environment variables whose value a module may read once, at import: a request that changes one runs the real
+#: interpreter. PYTHONPATH is applied per command (``sys.path``), so it may differ.
+IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "KMP_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA_",
+                        "NCCL_", "GLOO_", "TOKENIZERS_", "PYTHON", "XDG_CACHE_HOME", "LD_", "TQDM_", "NUMEXPR_",
+                        "OPENBLAS_")
+#: Modules the server imports before it forks: what the docs' blocks and the command line spend their start-up on.
+PRELOAD = ("torch", "torch.distributed", "torch.utils.data", "numpy", "safetensors.torch", "tokenizers",
+           "transformers", "transformers.models.bert.modeling_bert", "transformers.models.auto.modeling_auto",
+           "transformers.models.auto.tokenization_auto", "flodl_hf.cli", "flodl_hf.cli.parser")
+_LENGTH = struct.Struct("!Q")
+_CODE = struct.Struct("!q")
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            return data
+        data += chunk
+    return data
+
+
+def _differs_at_import(env: dict, base: dict) -> list[str]:
+    prefixes = IMPORT_TIME_PREFIXES + (("MPL",) if "matplotlib" in sys.modules else ())
+    keys = set(env) | set(base)
+    return sorted(k for k in keys if k.startswith(prefixes) and k != "PYTHONPATH" and env.get(k) != base.get(k))
+
+
+# --- the client: stands in for `python ARGS` ---------------------------------------------------------------------
+
+def client(path: str, args: list[str]) -> None:
+    """Run ``python ARGS`` through the server at ``path``; exit as that command exits."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    message = json.dumps({"argv": args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+    socket.send_fds(sock, [_LENGTH.pack(len(message)) + message], [0, 1, 2])
+    head = _recv_exact(sock, _CODE.size)
+    if len(head) < _CODE.size:
+        os.write(2, b"warm_python: the server closed the connection before starting the command\n")
+        os._exit(1)
+    pid = _CODE.unpack(head)[0]
+    for number in _FORWARDED:
+        signal.signal(number, lambda n, _f: os.kill(pid, n))
+    tail = _recv_exact(sock, _CODE.size)
+    status = _CODE.unpack(tail)[0] if len(tail) == _CODE.size else -int(signal.SIGKILL)
+    if status < 0:  # the command died of a signal: so does its stand-in, as its caller would see it
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    os._exit(status)
+
+
+# --- the server: imports once, forks per command -----------------------------------------------------------------
+
+def serve(path: str) -> None:
+    """Import the heavy modules, listen at ``path`` and fork a command per connection (never returns)."""
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    base_env = dict(os.environ)
+    base_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(64)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the forks are reaped by the kernel: the server never waits
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    while True:
+        conn, _ = server.accept()
+        try:
+            data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+            size = _LENGTH.unpack(data[:_LENGTH.size])[0]
+            body = data[_LENGTH.size:]
+            body += _recv_exact(conn, size - len(body))
+            request = json.loads(body)
+        except Exception:  # noqa: BLE001 - a broken client: drop it, keep serving
+            conn.close()
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if os.fork() == 0:
+            server.close()
+            _supervise(conn, request, fds, base_env, base_path)
+        conn.close()
+        for fd in fds:
+            os.close(fd)
+
+
+def _supervise(conn: socket.socket, request: dict, fds: list[int], base_env: dict, base_path: list[str]) -> None:
+    """In the fork: start the command (one more fork, or the real interpreter) and report how it ended."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    status = 1
+    try:
+        args = request["argv"]
+        real = _needs_real_interpreter(args, request["env"], base_env)
+        pid = os.fork()
+        if pid == 0:
+            conn.close()
+            if real:
+                os.chdir(request["cwd"])
+                os.execve(sys.executable, [sys.executable, *args], request["env"])
+            _run_command(args, request, base_path)
+        conn.sendall(_CODE.pack(pid))
+        _, wait_status = os.waitpid(pid, 0)
+        status = os.waitstatus_to_exitcode(wait_status)
+    finally:
+        try:
+            conn.sendall(_CODE.pack(status))
+        finally:
+            os._exit(0)
+
+
+def _split_unbuffered(args: list[str]) -> tuple[bool, list[str]]:
+    unbuffered = False
+    while args and args[0] == "-u":
+        unbuffered, args = True, args[1:]
+    return unbuffered, args
+
+
+def _needs_real_interpreter(args: list[str], env: dict, base_env: dict) -> bool:
+    _, rest = _split_unbuffered(args)
+    if _differs_at_import(env, base_env) or not rest:  # not rest: an interactive interpreter
+        return True
+    return rest[0].startswith("-") and rest[0] not in ("-m", "-c", "-")
+
+
+def _run_command(args: list[str], request: dict, base_path: list[str]) -> None:
+    """In the command's process: become ``python ARGS`` and exit as the interpreter would (never returns)."""
+    import atexit
+    import importlib
+    import io
+    import runpy
+    import threading
+    import traceback
+    import types
+
+    unbuffered, args = _split_unbuffered(args)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    process = sys.modules.get("multiprocessing.process")
+    if process is not None:  # read at its import, in a fresh interpreter the command's start directory
+        process.ORIGINAL_DIR = os.path.abspath(request["cwd"])  # type: ignore[attr-defined]
+    sys.stdin = io.TextIOWrapper(open(0, "rb", closefd=False, buffering=0 if unbuffered else -1))
+    sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), line_buffering=unbuffered or os.isatty(1),
+                                  write_through=unbuffered)
+    sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), errors="backslashreplace", line_buffering=True)
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    code = 0
+    try:
+        if args[0] == "-m":
+            sys.path[:] = [os.getcwd(), *extra, *base_path]
+        elif args[0] in ("-c", "-"):
+            sys.path[:] = ["", *extra, *base_path]
+        else:
+            sys.path[:] = [os.path.dirname(os.path.abspath(args[0])), *extra, *base_path]
+        importlib.invalidate_caches()
+        sys.orig_argv = [sys.executable, *args]
+        main = types.ModuleType("__main__")
+        main.__dict__["__builtins__"] = __builtins__
+        sys.modules["__main__"] = main
+        if args[0] == "-m":
+            sys.argv = ["-m", *args[2:]]
+            runpy._run_module_as_main(args[1])  # type: ignore[attr-defined] - what `python -m` itself calls
+        elif args[0] == "-c":
+            sys.argv = ["-c", *args[2:]]
+            exec(compile(args[1], "<string>", "exec"), main.__dict__)
+        elif args[0] == "-":
+            sys.argv = ["-", *args[1:]]
+            exec(compile(sys.stdin.read(), "<stdin>", "exec"), main.__dict__)
+        else:
+            sys.argv = list(args)
+            runpy.run_path(args[0], run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException as exc:  # noqa: BLE001 - what the interpreter does with an uncaught exception
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__, "<frozen runpy>"):
+            tb = tb.tb_next  # the interpreter's traceback starts at the command's own frames
+        traceback.print_exception(type(exc), exc, tb)
+        code = 1
+    try:
+        threading._shutdown()  # type: ignore[attr-defined] - the interpreter joins non-daemon threads first
+        atexit._run_exitfuncs()
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed pipe: nothing more to say
+            pass
+    os._exit(code)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+# --- in the test process ---------------------------------------------------------------------------------------
+
+class WarmPython:
+    """A server started with ``env`` (its import-time environment); ``command(*args)`` is the command line that
+    stands in for ``[sys.executable, *args]``, ``write_wrappers(dir)`` writes ``python`` and ``flodl-hf`` there."""
+
+    def __init__(self, env: dict, workdir: str) -> None:
+        import subprocess
+
+        self.socket = os.path.join(workdir, "warm.sock")
+        self._proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", self.socket], env=env,
+                                      cwd=workdir, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        line = self._proc.stdout.readline() if self._proc.stdout is not None else b""
+        if line.strip() != b"ready":
+            self.close()
+            raise RuntimeError(f"the warm Python server did not start (exit code {self._proc.poll()})")
+
+    def command(self, *args: str) -> list[str]:
+        return [sys.executable, "-I", "-S", os.path.abspath(__file__), "client", self.socket, *map(str, args)]
+
+    def write_wrappers(self, directory: str) -> None:
+        for name, args in (("python", ""), ("flodl-hf", " -m flodl_hf")):
+            target = os.path.join(directory, name)
+            with open(target, "w", encoding="utf-8") as handle:
+                handle.write(f'#!/bin/sh\nexec "{sys.executable}" -I -S "{os.path.abspath(__file__)}" client '
+                             f'"{self.socket}"{args} "$@"\n')
+            os.chmod(target, 0o755)
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except Exception:  # noqa: BLE001 - it would not stop: force it
+                self._proc.kill()
+                self._proc.wait()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        serve(sys.argv[2])
+    else:
+        client(sys.argv[2], sys.argv[3:])
