@@ -64,7 +64,10 @@ def _one_torch_thread() -> Iterator[None]:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Stop the persistent gloo ranks (``rank_pool``) with the session."""
+    """Stop the persistent gloo ranks (``rank_pool``) and the warm interpreter (``warm_python``) with the
+    session."""
     from rank_pool import close_pools
+    from warm_python import close_session
 
     close_pools()
+    close_session()

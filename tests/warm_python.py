@@ -25,7 +25,7 @@ import socket
 import struct
 import sys
 
-__all__ = ["WarmPython", "serve", "client", "IMPORT_TIME_PREFIXES", "PRELOAD"]
+__all__ = ["WarmPython", "python_command", "close_session", "serve", "client", "IMPORT_TIME_PREFIXES", "PRELOAD"]
 
 #: Environment variables whose value a module may read once, at import: a request that changes one runs the real
 #: interpreter. PYTHONPATH is applied per command (``sys.path``), so it may differ.
@@ -61,6 +61,17 @@ def _differs_at_import(env: dict, base: dict) -> list[str]:
 
 def client(path: str, args: list[str]) -> None:
     """Run ``python ARGS`` through the server at ``path``; exit as that command exits."""
+    target: list[int] = []
+    pending: list[int] = []
+
+    def forward(number: int, _frame: object) -> None:
+        if target:
+            os.kill(target[0], number)
+        else:  # before the command has a process: delivered as soon as it has one
+            pending.append(number)
+
+    for number in _FORWARDED:
+        signal.signal(number, forward)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
     message = json.dumps({"argv": args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
@@ -69,9 +80,9 @@ def client(path: str, args: list[str]) -> None:
     if len(head) < _CODE.size:
         os.write(2, b"warm_python: the server closed the connection before starting the command\n")
         os._exit(1)
-    pid = _CODE.unpack(head)[0]
-    for number in _FORWARDED:
-        signal.signal(number, lambda n, _f: os.kill(pid, n))
+    target.append(_CODE.unpack(head)[0])
+    for number in pending:
+        os.kill(target[0], number)
     tail = _recv_exact(sock, _CODE.size)
     status = _CODE.unpack(tail)[0] if len(tail) == _CODE.size else -int(signal.SIGKILL)
     if status < 0:  # the command died of a signal: so does its stand-in, as its caller would see it
@@ -169,6 +180,7 @@ def _run_command(args: list[str], request: dict, base_path: list[str]) -> None:
     import types
 
     unbuffered, args = _split_unbuffered(args)
+    unbuffered = unbuffered or bool(request["env"].get("PYTHONUNBUFFERED"))
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -272,6 +284,33 @@ class WarmPython:
             except Exception:  # noqa: BLE001 - it would not stop: force it
                 self._proc.kill()
                 self._proc.wait()
+
+
+_SESSION: "WarmPython | None" = None
+_SESSION_DIR: "str | None" = None
+
+
+def python_command(*args: str) -> list[str]:
+    """``[sys.executable, *args]`` on the test session's warm server (started on first use, with this process's
+    environment and one torch thread, what the suite's subprocesses run with)."""
+    global _SESSION, _SESSION_DIR
+    if _SESSION is None:
+        import tempfile
+
+        _SESSION_DIR = tempfile.mkdtemp(prefix="warm-python-")
+        _SESSION = WarmPython(dict(os.environ, OMP_NUM_THREADS="1"), _SESSION_DIR)
+    return _SESSION.command(*args)
+
+
+def close_session() -> None:
+    """Stop the session's server (the commands it started have their own processes)."""
+    global _SESSION, _SESSION_DIR
+    if _SESSION is not None:
+        import shutil
+
+        _SESSION.close()
+        shutil.rmtree(_SESSION_DIR or "", ignore_errors=True)
+    _SESSION = _SESSION_DIR = None
 
 
 if __name__ == "__main__":

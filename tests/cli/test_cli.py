@@ -16,6 +16,7 @@ from tiny_models import make_checkpoint
 from flodl_hf import cli, defaults
 from flodl_hf.job.schedule import LinearSchedule
 from flodl_hf.job.settings import TrainSettings
+from warm_python import python_command
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("single_thread_module")
@@ -261,13 +262,13 @@ _env = cli_env
 def test_python_m_flodl_hf_train_end_to_end(workdir, tmp_path):
     out = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "flodl_hf", "train", "--model", workdir / "tiny", "--data", workdir / "toy.csv",
+        python_command("-m", "flodl_hf") + ["train", "--model", workdir / "tiny", "--data", workdir / "toy.csv",
          "--text-column", "review", "--label-column", "sentiment", "--output-dir", out, *FAST, "--epochs", "1"],
         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "accuracy=0." in result.stdout or "accuracy=1." in result.stdout
     assert json.loads((out / "metrics.json").read_text())["eval_size"] == 40
-    bad = subprocess.run([sys.executable, "-m", "flodl_hf", "train", "--epochs", "zero"], cwd=tmp_path, env=_env(),
+    bad = subprocess.run(python_command("-m", "flodl_hf") + ["train", "--epochs", "zero"], cwd=tmp_path, env=_env(),
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("flodl-hf: error: argument --epochs")
 
@@ -276,7 +277,7 @@ def test_python_m_flodl_hf_train_end_to_end(workdir, tmp_path):
 def test_train_on_two_cpu_ranks_end_to_end(workdir, tmp_path):
     out = tmp_path / "run2"
     result = subprocess.run(
-        [sys.executable, "-m", "flodl_hf", "train", "--model", workdir / "tiny", "--data", workdir / "toy.csv",
+        python_command("-m", "flodl_hf") + ["train", "--model", workdir / "tiny", "--data", workdir / "toy.csv",
          "--text-column", "review", "--label-column", "sentiment", "--output-dir", out, "--devices", "cpu,cpu",
          "--batch-size", "8", "--epochs", "1", "--max-length", "16", "--eval-rows", "40", "--no-progress"],
         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)

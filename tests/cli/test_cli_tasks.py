@@ -16,6 +16,7 @@ from task_cli_helpers import head_checkpoint, qa_rows, texts, token_rows, write_
 from tiny_models import FAMILIES, tiny_config
 
 from flodl_hf import cli
+from warm_python import python_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -212,7 +213,7 @@ def test_question_answering_from_squad_json_beats_its_baselines(tiny_checkpoint,
 def test_fill_mask_in_a_real_subprocess_lowers_perplexity(tiny_checkpoint, work, tmp_path):
     out = tmp_path / "mlm"
     env = subprocess_env()
-    proc = subprocess.run([sys.executable, "-m", "flodl_hf", "train", "--task", "fill-mask", "--model",
+    proc = subprocess.run(python_command("-m", "flodl_hf") + ["train", "--task", "fill-mask", "--model",
                            str(tiny_checkpoint("bert")), "--data", str(work / "texts.txt"), "--epochs", "3",
                            "--max-length", "16", "--output-dir", str(out), *FAST], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -220,7 +221,7 @@ def test_fill_mask_in_a_real_subprocess_lowers_perplexity(tiny_checkpoint, work,
     metrics = check_output_dir(out, "fill-mask", "BertForMaskedLM")
     assert metrics["perplexity"] < 0.7 * metrics["before_training"]["perplexity"]
     assert "perplexity=" in proc.stdout and "Traceback" not in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "flodl_hf", "predict", "--model", str(out), "--top-k", "3",
+    proc = subprocess.run(python_command("-m", "flodl_hf") + ["predict", "--model", str(out), "--top-k", "3",
                            "the movie was [MASK]"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -230,7 +231,7 @@ def test_fill_mask_in_a_real_subprocess_lowers_perplexity(tiny_checkpoint, work,
 @pytest.mark.slow
 def test_two_cpu_ranks_train_token_classification(tiny_checkpoint, work, tmp_path):
     out = tmp_path / "tok2"
-    proc = subprocess.run([sys.executable, "-m", "flodl_hf", "train", "--task", "token-classification", "--model",
+    proc = subprocess.run(python_command("-m", "flodl_hf") + ["train", "--task", "token-classification", "--model",
                            str(tiny_checkpoint("bert")), "--data", str(work / "tokens.jsonl"), "--epochs", "2",
                            "--max-length", "16", "--devices", "cpu,cpu", "--batch-size", "8", "--lr", "2e-3",
                            "--eval-rows", "40", "--no-progress", "--output-dir", str(out)],

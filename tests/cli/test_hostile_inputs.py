@@ -1,14 +1,15 @@
 """Hostile input never loses a user's files, never trains silently wrong, and fails before training (issue 16).
 
 Every row of ``tests/hostile_cases.py`` runs the real command line in a directory of its own: through
-``flodl_hf.cli.main(argv)`` in this process (``cli_helpers.run_main``: the same exit code, stdout, stderr and files as
-``python -m flodl_hf``, without paying a Python start-up per row), or, for a row that says why it needs one (a FIFO
-that would block: a timeout), the real ``python -m flodl_hf`` in a subprocess. Each row checks: the exit code; exactly one ``flodl-hf: error:`` line holding the case's needles (none for a
-documented acceptance, exit 0); no traceback; and that a listing of the directory (every path and the bytes of
-every file) differs after the run only by what the command owns. The cases that load a model share one tiny base
-checkpoint and one tiny trained classifier (module-scoped). Then: a property test (random foreign files planted wherever any command writes,
-every command run against them, ``--overwrite`` too: every foreign file stays byte-identical), the memory bound of
-label values, SIGTERM, stale temporary files, and a full disk.
+``flodl_hf.cli.main(argv)`` in this process (``cli_helpers.run_main``: the same exit code, stdout, stderr and files
+as ``python -m flodl_hf``, without paying a Python start-up per row), or, for a row that says why it needs one (a
+FIFO that would block: a timeout), the real ``python -m flodl_hf`` in a subprocess. Each row checks: the exit code;
+exactly one ``flodl-hf: error:`` line holding the case's needles (none for a documented acceptance, exit 0); no
+traceback; and that a listing of the directory (every path and the bytes of every file) differs after the run only
+by what the command owns. The cases that load a model share one tiny base checkpoint and one tiny trained
+classifier (module-scoped). Then: a property test (random foreign files planted wherever any command writes, every
+command run against them, ``--overwrite`` too: every foreign file stays byte-identical), the memory bound of label
+values, SIGTERM, stale temporary files, and a full disk.
 """
 
 from __future__ import annotations

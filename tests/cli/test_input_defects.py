@@ -24,13 +24,14 @@ from flodl_hf import cli
 from flodl_hf.data import TextDataset, load_text_classification
 from flodl_hf.preflight import check_model_dir, model_labels
 from flodl_hf.data.qa import load_qa_data
+from warm_python import python_command
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), FLODL_HF_NO_LAUNCH="1", HF_HUB_OFFLINE="1")
 
 
 def run(*argv, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flodl_hf", *map(str, argv)], cwd=cwd, env=ENV, text=True,
+    return subprocess.run(python_command("-m", "flodl_hf") + [*map(str, argv)], cwd=cwd, env=ENV, text=True,
                           capture_output=True, timeout=300, errors="replace")
 
 

@@ -19,6 +19,7 @@ from flodl_hf.data import TextDataset
 from flodl_hf.job.run import split_rows
 from flodl_hf.job.settings import TrainSettings
 from tiny_models import make_checkpoint, toy_task
+from warm_python import python_command
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -133,7 +134,7 @@ def test_two_ranks_report_the_schedule_the_gradient_norm_and_el_ches_shares_to_t
             "--label-column", "sentiment", "--eval-rows", "20", "--batch-size", "5", "--max-length", "16",
             "--lr", "2e-3", "--no-progress", "--output-dir", str(out), "--devices", "cpu,cpu", "--report-to",
             "tensorboard", "--warmup-ratio", "0.2"]
-    result = subprocess.run([sys.executable, "-m", "flodl_hf", *argv], capture_output=True, text=True, timeout=240,
+    result = subprocess.run(python_command("-m", "flodl_hf") + [*argv], capture_output=True, text=True, timeout=240,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     events = EventAccumulator(str(out / "runs"))

@@ -22,6 +22,7 @@ from tiny_models import make_checkpoint, toy_task
 from flodl_hf import cli
 from flodl_hf.data import load_text_classification
 from flodl_hf.metrics.regression import pearson, spearman
+from warm_python import python_command
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("single_thread_module")  # one torch thread
@@ -41,7 +42,7 @@ def class_dataset(rows, names, ids_of=None) -> datasets.Dataset:
 
 
 def cli_run(*argv, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flodl_hf", *map(str, argv)], env=ENV, text=True,
+    return subprocess.run(python_command("-m", "flodl_hf") + [*map(str, argv)], env=ENV, text=True,
                           capture_output=True, timeout=300, cwd=cwd)
 
 

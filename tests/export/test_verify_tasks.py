@@ -24,6 +24,7 @@ from heads import AutoHeadForMaskedLM, AutoHeadForQuestionAnswering, AutoHeadFor
 from mlm_helpers import no_dropout_config
 from tiny_models import FAMILIES, tiny_config, tiny_tokenizer
 from tokcls_helpers import TAGS, subword_config, subword_tokenizer
+from warm_python import python_command
 
 TASKS = ("token-classification", "question-answering", "fill-mask")
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,13 +163,13 @@ def test_python_m_flodl_hf_verify_a_tagger(tmp_path):
     out = save_head("token-classification", "roberta", tmp_path / "tagger")
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-m", "flodl_hf", "verify", str(out)], capture_output=True, text=True,
+    done = subprocess.run(python_command("-m", "flodl_hf") + ["verify", str(out)], capture_output=True, text=True,
                           env=env, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith(f"OK: {out}") and "missing_keys=0 unexpected_keys=0 mismatched_keys=0" in done.stdout
     assert "pipeline token-classification (simple) = head.tag: max_abs_diff=0" in done.stdout
     _without(out, "classifier.bias")
-    done = subprocess.run([sys.executable, "-m", "flodl_hf", "verify", str(out)], capture_output=True, text=True,
+    done = subprocess.run(python_command("-m", "flodl_hf") + ["verify", str(out)], capture_output=True, text=True,
                           env=env, timeout=120)
     assert done.returncode == 1 and done.stdout.startswith(f"FAILED: {out}")
     assert "problem: 1 missing key(s), freshly initialised by transformers: classifier.bias" in done.stdout

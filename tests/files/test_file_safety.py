@@ -21,6 +21,7 @@ from tiny_models import make_checkpoint, toy_task
 
 from flodl_hf.files.atomic import _move_entries_in, atomic_dir
 from flodl_hf.files.ownership import MARKER, owns_dir, read_marker
+from warm_python import python_command
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), FLODL_HF_NO_LAUNCH="1", HF_HUB_OFFLINE="1")
@@ -32,7 +33,7 @@ def digest(root: Path) -> dict:
 
 
 def flodl(cwd: Path, *argv) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flodl_hf", *map(str, argv)], cwd=cwd, env=ENV, text=True,
+    return subprocess.run(python_command("-m", "flodl_hf") + [*map(str, argv)], cwd=cwd, env=ENV, text=True,
                           capture_output=True, timeout=180)
 
 

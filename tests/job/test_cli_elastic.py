@@ -24,6 +24,7 @@ from flodl_hf import cli
 from flodl_hf.job.loop import TrainingInterrupted
 from flodl_hf.job.run import run_train
 from heads import AutoHeadForSequenceClassification
+from warm_python import python_command
 
 pytestmark = pytest.mark.usefixtures("single_thread_module")  # one torch thread
 
@@ -76,7 +77,7 @@ def _interrupt(work, out, devices: int) -> None:  # noqa: F811
 
 def _resume(work, out, devices: int) -> str:  # noqa: F811
     argv = [*args(work, out, devices), "--resume", str(out.parent / f"{out.name}.checkpoint")]
-    result = subprocess.run([sys.executable, "-m", "flodl_hf", *argv], cwd=out.parent, env=_env(),
+    result = subprocess.run(python_command("-m", "flodl_hf") + [*argv], cwd=out.parent, env=_env(),
                             capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout

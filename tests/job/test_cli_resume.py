@@ -27,6 +27,7 @@ from flodl_hf.job.run import run_train
 from flodl_hf.job.schedule import LinearSchedule
 from flodl_hf.files.ownership import write_marker
 from heads import AutoHeadForSequenceClassification
+from warm_python import python_command
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("single_thread_module")  # one torch thread
@@ -107,7 +108,7 @@ def _env() -> dict:
 
 def _interrupt_subprocess(argv: list[str], cwd: Path) -> tuple[int, str, str]:
     """Start ``python -m flodl_hf`` with ``argv``, send one SIGINT once it reports a checkpoint, wait."""
-    proc = subprocess.Popen([sys.executable, "-m", "flodl_hf", *argv], cwd=cwd, env=_env(), text=True,
+    proc = subprocess.Popen(python_command("-m", "flodl_hf") + [*argv], cwd=cwd, env=_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     seen = []
     for line in proc.stdout:  # a progress line tells us a first optimizer step is done
@@ -312,7 +313,7 @@ def test_ctrl_c_on_two_cpu_ranks_stops_both_and_resumes(work, tmp_path):
     assert code == 130, stderr[-3000:]
     assert "Traceback" not in stderr and stderr.count("Resume with:") == 1
     assert not out.exists()
-    result = subprocess.run([sys.executable, "-m", "flodl_hf", *argv, "--resume", str(tmp_path / "out.checkpoint")],
+    result = subprocess.run(python_command("-m", "flodl_hf") + [*argv, "--resume", str(tmp_path / "out.checkpoint")],
                             cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())

@@ -46,6 +46,7 @@ CASES = {
     "stdin": (["-"], "print('from stdin')\nraise SystemExit(4)\n"),
     "uncaught exception": (["-c", "def f():\n    raise ValueError('deep')\nf()"], ""),
     "unbuffered": (["-u", "-c", "import sys; print(1); sys.stderr.write('2\\n'); print(3)"], ""),
+    "unbuffered by the environment": (["-c", "import sys; print(sys.stdout.write_through)"], ""),
     "killed by a signal": (["-c", "import os, signal; print('bye', flush=True); os.kill(os.getpid(), signal.SIGTERM)"],
                            ""),
     "spawned workers": (["spawn.py"], ""),
@@ -57,7 +58,8 @@ CASES = {
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory):
     root = tmp_path_factory.mktemp("warm")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     server = WarmPython(env, str(root))
     yield server, env
     server.close()
@@ -95,12 +97,14 @@ def test_an_environment_read_at_import_runs_the_real_interpreter(warm, tmp_path)
 
 def test_sigterm_to_the_stand_in_reaches_the_command(warm, tmp_path):
     server, env = warm
-    code = ("import signal, sys, time\n"
-            "signal.signal(signal.SIGTERM, lambda *a: (print('terminated', flush=True), sys.exit(5)))\n"
+    code = ("import os, signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: (os.write(1, b'terminated\\n'), sys.exit(5)))\n"
             "print('ready', flush=True)\ntime.sleep(60)\n")
-    proc = subprocess.Popen(server.command("-c", code), cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(server.command("-c", code), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "ready\n"
     start = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == 5 and proc.stdout.read() == "terminated\n"
+    out, err = proc.communicate(timeout=30)
+    assert (proc.returncode, out) == (5, "terminated\n"), err
     assert time.monotonic() - start < 10
