@@ -25,7 +25,7 @@ import socket
 import struct
 import sys
 
-__all__ = ["WarmPython", "python_command", "close_session", "serve", "client", "IMPORT_TIME_PREFIXES", "PRELOAD"]
+__all__ = ["WarmPython", "python_command", "torchrun_command", "close_session", "serve", "client", "IMPORT_TIME_PREFIXES", "PRELOAD"]
 
 #: Environment variables whose value a module may read once, at import: a request that changes one runs the real
 #: interpreter. PYTHONPATH is applied per command (``sys.path``), so it may differ.
@@ -51,10 +51,16 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
     return data
 
 
+#: What torchrun sets for its workers under a TORCH prefix; torch reads them when a rank joins its group, not at
+#: import, so a worker of a warm torchrun stays warm.
+LAUNCH_TIME = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+
+
 def _differs_at_import(env: dict, base: dict) -> list[str]:
     prefixes = IMPORT_TIME_PREFIXES + (("MPL",) if "matplotlib" in sys.modules else ())
     keys = set(env) | set(base)
-    return sorted(k for k in keys if k.startswith(prefixes) and k != "PYTHONPATH" and env.get(k) != base.get(k))
+    return sorted(k for k in keys if k.startswith(prefixes) and not k.startswith(LAUNCH_TIME)
+                  and k != "PYTHONPATH" and env.get(k) != base.get(k))
 
 
 # --- the client: stands in for `python ARGS` ---------------------------------------------------------------------
@@ -268,6 +274,18 @@ class WarmPython:
     def command(self, *args: str) -> list[str]:
         return [sys.executable, "-I", "-S", os.path.abspath(__file__), "client", self.socket, *map(str, args)]
 
+    def torchrun(self, options: list[str], *script: str) -> list[str]:
+        """``[sys.executable, "-m", "torch.distributed.run", *options, *script]`` with torchrun and its workers
+        warm (torchrun's ``--no-python`` runs the stand-in for ``python`` in each worker)."""
+        wrapper = os.path.join(os.path.dirname(self.socket), "python-stand-in")
+        if not os.path.exists(wrapper):
+            with open(wrapper, "w", encoding="utf-8") as handle:
+                handle.write(f'#!/bin/sh\nexec "{sys.executable}" -I -S "{os.path.abspath(__file__)}" client '
+                             f'"{self.socket}" "$@"\n')
+            os.chmod(wrapper, 0o755)
+        return self.command("-m", "torch.distributed.run", *map(str, options), "--no-python", wrapper,
+                            *map(str, script))
+
     def write_wrappers(self, directory: str) -> None:
         for name, args in (("python", ""), ("flodl-hf", " -m flodl_hf")):
             target = os.path.join(directory, name)
@@ -290,16 +308,27 @@ _SESSION: "WarmPython | None" = None
 _SESSION_DIR: "str | None" = None
 
 
-def python_command(*args: str) -> list[str]:
-    """``[sys.executable, *args]`` on the test session's warm server (started on first use, with this process's
-    environment and one torch thread, what the suite's subprocesses run with)."""
+def session() -> WarmPython:
+    """The test session's warm server (started on first use, with this process's environment and one torch thread,
+    what the suite's subprocesses run with)."""
     global _SESSION, _SESSION_DIR
     if _SESSION is None:
         import tempfile
 
         _SESSION_DIR = tempfile.mkdtemp(prefix="warm-python-")
         _SESSION = WarmPython(dict(os.environ, OMP_NUM_THREADS="1"), _SESSION_DIR)
-    return _SESSION.command(*args)
+    return _SESSION
+
+
+def python_command(*args: str) -> list[str]:
+    """``[sys.executable, *args]`` on the test session's warm server."""
+    return session().command(*args)
+
+
+def torchrun_command(options: list[str], *script: str) -> list[str]:
+    """``[sys.executable, "-m", "torch.distributed.run", *options, *script]`` on the test session's warm server,
+    workers included."""
+    return session().torchrun(options, *script)
 
 
 def close_session() -> None:

@@ -20,6 +20,7 @@ import tiny_models
 import trainer_runs
 
 from flodl_hf.distributed.launch import free_port
+from warm_python import torchrun_command
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "run_classification_elche.py"
@@ -36,16 +37,15 @@ def tiny_bert(tmp_path_factory) -> Path:
 
 def _launch(launcher: str, model: Path, out: Path, *extra: str) -> tuple[str, dict]:
     """Run the example under ``launcher``; return its stdout and the run's trainer_state.json."""
-    if launcher == "torchrun":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
-               "--master-port", str(free_port())]
+    script = [str(EXAMPLE), "--model", str(model), "--train-rows", str(ROWS), "--eval-rows", str(EVAL_ROWS),
+              "--batch-size", str(BATCH), "--output-dir", str(out), *extra]
+    if launcher == "torchrun":  # torchrun and its workers on the warm interpreter (tests/warm_python.py)
+        cmd = torchrun_command(["--nproc-per-node", str(WORLD), "--master-port", str(free_port())], *script)
     else:  # accelerate's --multi_gpu goes through torchrun: on a machine without CUDA, CPU ranks over gloo
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
                "--num_processes", str(WORLD),
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(free_port())]
-    cmd += [str(EXAMPLE), "--model", str(model), "--train-rows", str(ROWS), "--eval-rows", str(EVAL_ROWS),
-            "--batch-size", str(BATCH), "--output-dir", str(out), *extra]
+               "--main_process_port", str(free_port()), *script]
     proc = subprocess.run(cmd, check=False, env=trainer_runs.env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     found = ACCURACY.findall(proc.stdout)

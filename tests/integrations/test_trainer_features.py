@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import trainer_runs
 
 from flodl_hf.distributed.launch import free_port
+from warm_python import torchrun_command
 
 pytestmark = pytest.mark.slow
 
@@ -20,8 +20,8 @@ LINE = re.compile(r"rank (\d) best (\S+) metric (\S+) digest ([0-9a-f]+)")
 
 def test_eval_rotation_and_best_model_at_end(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-           str(Path(__file__).with_name("trainer_best.py")), str(out)]
+    cmd = torchrun_command(["--nproc-per-node", "2", "--master-port", str(free_port())],
+                           str(Path(__file__).with_name("trainer_best.py")), str(out))
     proc = subprocess.run(cmd, check=False, env=trainer_runs.env(), cwd=trainer_runs.ROOT, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]

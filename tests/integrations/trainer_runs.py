@@ -6,12 +6,12 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
 from flodl_hf.distributed.launch import free_port
+from warm_python import python_command, torchrun_command
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("trainer_script.py")
@@ -36,10 +36,10 @@ def run(case: dict | list, out: Path, world: int, timeout: float = 300,
     spec = [[c, str(o)] for c, o in case] if isinstance(case, list) else case
     (out / "case.json").write_text(json.dumps(spec))
     if world == 0:
-        cmd = [sys.executable, str(SCRIPT), str(out / "case.json"), str(out)]
+        cmd = python_command(str(SCRIPT), str(out / "case.json"), str(out))
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
-               "--master-port", str(free_port()), str(SCRIPT), str(out / "case.json"), str(out)]
+        cmd = torchrun_command(["--nproc-per-node", str(world), "--master-port", str(free_port())],
+                               str(SCRIPT), str(out / "case.json"), str(out))
     proc = subprocess.run(cmd, check=False, env=env(), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert (proc.returncode == 0) == (expect == 0), proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
