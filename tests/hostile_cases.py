@@ -5,8 +5,9 @@ setup, owned)``: ``argv`` is the ``flodl-hf`` command line with placeholders ``{
 ``{trained}`` (a tiny trained classifier) and ``{data}`` (a 60-row labelled CSV), all shared and read-only;
 ``setup(case_dir)`` plants the case's own files first; ``needles`` must appear in the one error line; ``owned``
 lists the paths the command may create (for documented acceptances, code 0); ``process`` says why a row needs a
-process of its own (a hang bound, a signal, a resource limit), and rows without one run through ``main(argv)``. The classes follow issue 16:
-ownership, validate first (paths, devices, numbers, model directory, data columns), labels, model damage.
+process of its own (a hang bound, a signal, a resource limit), and rows without one run through ``main(argv)``. The
+classes follow issue 16: ownership, validate first (paths, devices, numbers, model directory, data columns), labels,
+model damage.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class Case:
     code: int = 2
     setup: Optional[Callable[[Path], None]] = None
     owned: tuple = ()
-    process: str = ""  # why the row runs in a ``python -m flodl_hf`` subprocess; empty: in-process, main(argv)
+    process: str = ""  # why the row runs ``python -m flodl_hf`` in a process of its own; empty: main(argv)
 
 
 TRAIN = ("train", "--model", "{base}", "--data", "{data}", "--no-progress")

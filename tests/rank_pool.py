@@ -13,10 +13,11 @@ tests check), so the pool does not join it ahead of the callable; one rendezvous
 Between tests every rank is left as a fresh interpreter would be: flodl-hf's ``shutdown`` closes the windows and
 leaves the group, then the rank compares itself with the state it had after its imports (environment, working
 directory, torch's global switches and module hooks, signal and exception hooks, flodl-hf's process context, live
-Python threads) and seeds torch's default generator anew, as a fresh interpreter does. A callable that left anything behind fails its own test,
-naming what it left, and the pool is rebuilt. The parent collects every rank's result before the next test (the
-barrier), so no test starts while a rank of the previous one still runs. A callable's exception comes back as its
-traceback; a rank that dies or hangs fails its own test within the timeout, and the pool is rebuilt for the next.
+Python threads) and seeds torch's default generator anew, as a fresh interpreter does. A callable that left anything
+behind fails its own test, naming what it left, and the pool is rebuilt. The parent collects every rank's result
+before the next test (the barrier), so no test starts while a rank of the previous one still runs. A callable's
+exception comes back as its traceback; a rank that dies or hangs fails its own test within the timeout, and the pool
+is rebuilt for the next.
 
 Tests whose callables must run in a fresh interpreter (a rank that kills itself, a signal, interpreter teardown, an
 environment variable read at import) use ``dist_helpers.spawn_ranks`` and say why.

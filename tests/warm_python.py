@@ -25,7 +25,8 @@ import socket
 import struct
 import sys
 
-__all__ = ["WarmPython", "python_command", "torchrun_command", "close_session", "serve", "client", "IMPORT_TIME_PREFIXES", "PRELOAD"]
+__all__ = ["WarmPython", "session", "python_command", "torchrun_command", "close_session", "serve", "client",
+           "IMPORT_TIME_PREFIXES", "PRELOAD"]
 
 #: Environment variables whose value a module may read once, at import: a request that changes one runs the real
 #: interpreter. PYTHONPATH is applied per command (``sys.path``), so it may differ.
@@ -152,8 +153,7 @@ def _supervise(conn: socket.socket, request: dict, fds: list[int], base_env: dic
                 os.execve(sys.executable, [sys.executable, *args], request["env"])
             _run_command(args, request, base_path)
         conn.sendall(_CODE.pack(pid))
-        _, wait_status = os.waitpid(pid, 0)
-        status = os.waitstatus_to_exitcode(wait_status)
+        status = _wait(pid, conn)
     finally:
         try:
             conn.sendall(_CODE.pack(status))
@@ -166,6 +166,26 @@ def _split_unbuffered(args: list[str]) -> tuple[bool, list[str]]:
     while args and args[0] == "-u":
         unbuffered, args = True, args[1:]
     return unbuffered, args
+
+
+def _wait(pid: int, conn: socket.socket) -> int:
+    """The command's exit code (minus its signal); a stand-in that goes away first (killed, say by a test's
+    timeout) takes the command with it, as killing a real interpreter would."""
+    import select
+
+    pidfd = os.pidfd_open(pid)
+    try:
+        while True:
+            ready, _, _ = select.select([pidfd, conn], [], [])
+            if pidfd in ready:
+                break
+            if not conn.recv(1):  # the stand-in is gone
+                os.kill(pid, signal.SIGKILL)
+                break
+    finally:
+        os.close(pidfd)
+    _, wait_status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(wait_status)
 
 
 def _needs_real_interpreter(args: list[str], env: dict, base_env: dict) -> bool:

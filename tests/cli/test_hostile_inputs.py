@@ -3,13 +3,13 @@
 Every row of ``tests/hostile_cases.py`` runs the real command line in a directory of its own: through
 ``flodl_hf.cli.main(argv)`` in this process (``cli_helpers.run_main``: the same exit code, stdout, stderr and files
 as ``python -m flodl_hf``, without paying a Python start-up per row), or, for a row that says why it needs one (a
-FIFO that would block: a timeout), the real ``python -m flodl_hf`` in a subprocess. Each row checks: the exit code;
-exactly one ``flodl-hf: error:`` line holding the case's needles (none for a documented acceptance, exit 0); no
-traceback; and that a listing of the directory (every path and the bytes of every file) differs after the run only
-by what the command owns. The cases that load a model share one tiny base checkpoint and one tiny trained
-classifier (module-scoped). Then: a property test (random foreign files planted wherever any command writes, every
-command run against them, ``--overwrite`` too: every foreign file stays byte-identical), the memory bound of label
-values, SIGTERM, stale temporary files, and a full disk.
+FIFO that would block: a timeout), ``python -m flodl_hf`` in a process of its own (``warm_python``) under a timeout.
+Each row checks: the exit code; exactly one ``flodl-hf: error:`` line holding the case's needles (none for a
+documented acceptance, exit 0); no traceback; and that a listing of the directory (every path and the bytes of every
+file) differs after the run only by what the command owns. The cases that load a model share one tiny base
+checkpoint and one tiny trained classifier (module-scoped). Then: a property test (random foreign files planted
+wherever any command writes, every command run against them, ``--overwrite`` too: every foreign file stays
+byte-identical), the memory bound of label values, SIGTERM, stale temporary files, and a full disk.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -32,6 +31,7 @@ from cli_helpers import command_options, run_main
 from hostile_cases import CASES as FIRST_CASES
 from hostile_round3 import CASES3
 from tiny_models import make_checkpoint, toy_task
+from warm_python import python_command
 
 from flodl_hf import cli
 from flodl_hf.data import load_text_classification
@@ -58,7 +58,7 @@ def listing(root: Path) -> dict:
 
 
 def run(argv, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flodl_hf", *map(str, argv)], cwd=cwd, env=ENV, text=True,
+    return subprocess.run(python_command("-m", "flodl_hf", *map(str, argv)), cwd=cwd, env=ENV, text=True,
                           capture_output=True, timeout=timeout, errors="replace")
 
 
@@ -284,7 +284,7 @@ def test_sigterm_checkpoints_like_ctrl_c_and_stale_temporaries_are_removed(share
     data.write_text("text,label\n" + "".join(f"{t},{'pos' if y else 'neg'}\n" for t, y in toy_task(3000)))
     args = ["train", "--model", shared["base"], "--data", data, "--output-dir", "out", "--batch-size", "2",
             "--max-length", "16", "--eval-rows", "20", "--no-progress", "--epochs", "5"]
-    proc = subprocess.Popen([sys.executable, "-m", "flodl_hf", *map(str, args)], cwd=tmp_path, text=True,
+    proc = subprocess.Popen(python_command("-m", "flodl_hf", *map(str, args)), cwd=tmp_path, text=True,
                             env=dict(ENV, PYTHONUNBUFFERED="1"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     line = proc.stdout.readline()

@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from warm_python import session
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_gpu_check_script_runs_its_cpu_parts(tmp_path):
-    env = {**os.environ, "FLODL_HF_PYTHON": sys.executable, "GPU_CHECK_DEVICE": "cpu", "GPU_CHECK_SMALL": "1",
-           "GPU_CHECK_OUT": str(tmp_path)}
+    stand_in = tmp_path / "bin"  # the script's python on the warm interpreter (tests/warm_python.py)
+    stand_in.mkdir()
+    session().write_wrappers(str(stand_in))
+    env = {**os.environ, "FLODL_HF_PYTHON": str(stand_in / "python"), "GPU_CHECK_DEVICE": "cpu",
+           "GPU_CHECK_SMALL": "1", "GPU_CHECK_OUT": str(tmp_path / "out"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=900)
     out = proc.stdout + proc.stderr
@@ -26,4 +30,4 @@ def test_gpu_check_script_runs_its_cpu_parts(tmp_path):
                  "== 3. single-device overhead", "flodl-hf / Trainer time per step", "memory probe: cpu",
                  "gpu_check: PASSED"):
         assert line in out, f"{line!r} missing from:\n{out[-4000:]}"
-    assert "gpu_check: PASSED" in (tmp_path / "results.txt").read_text()
+    assert "gpu_check: PASSED" in (tmp_path / "out" / "results.txt").read_text()

@@ -108,3 +108,21 @@ def test_sigterm_to_the_stand_in_reaches_the_command(warm, tmp_path):
     out, err = proc.communicate(timeout=30)
     assert (proc.returncode, out) == (5, "terminated\n"), err
     assert time.monotonic() - start < 10
+
+
+def test_a_stand_in_killed_takes_its_command_with_it(warm, tmp_path):
+    server, env = warm
+    code = "import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n"
+    proc = subprocess.Popen(server.command("-c", code), cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    pid = int(proc.stdout.readline())
+    proc.kill()  # what subprocess.run does on its timeout
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the command {pid} outlived its killed stand-in")
