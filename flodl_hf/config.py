@@ -16,7 +16,7 @@ __all__ = ["DdpConfig", "PRECISIONS", "ANCHOR_RULES", "LR_SCALINGS", "DEVICES_EN
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 ANCHOR_RULES = ("goodput", "throughput")
-LR_SCALINGS = ("none", "adascale")  # flodl_hf.elche.lr_scaling (kept equal by tests/elche/test_lr_scaling.py)
+LR_SCALINGS = ("none", "adascale")  # flodl_hf.elche.lr_scaling (kept equal by tests/unit/elche/test_lr_scaling.py)
 #: Comma-separated device list (e.g. ``cpu,cpu``) used when ``DdpConfig.devices`` is not given.
 DEVICES_ENV = "FLODL_HF_DEVICES"
 #: Set to ``1`` to stop ``Trainer.setup*`` from starting the other ranks itself.

@@ -14,7 +14,7 @@
 #                     pytest already installed and no package index), e.g. FLODL_HF_PYTHON=python3
 #   GPU_CHECK_OUT     where the job outputs and the log go (default: a new temporary directory)
 #   GPU_CHECK_DEVICE  the device (default cuda:0); cpu runs the same steps on the CPU (GPU-only ones say skipped)
-#   GPU_CHECK_SMALL=1 tiny sizes: what the test suite runs on the CPU (tests/project/test_gpu_check.py)
+#   GPU_CHECK_SMALL=1 tiny sizes: what the test suite runs on the CPU (tests/e2e/project/test_gpu_check.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$(pwd)"

@@ -7,4 +7,4 @@ cd "$(dirname "$0")/.."
 cases="${1:-2000}"
 seed="${2:-0}"
 export FLODL_HF_EXACTNESS_CASES="$cases" FLODL_HF_EXACTNESS_SEED="$seed"
-exec bash scripts/test.sh tests/setup/test_exactness.py -q -p no:cacheprovider
+exec bash scripts/test.sh tests/distributed/setup/test_exactness.py -q -p no:cacheprovider

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite: everything except GPU-only tests (the `gpu` marker), on CPU with real gloo ranks.
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the quick tier.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/unit` for the unit tier (tests/distributed,
+# tests/e2e: the other two tiers).
 # `bash scripts/test.sh --latest [pytest args]`: the same suite against the newest releases pyproject.toml admits
 # (its own environment, .venv-latest) instead of the tested versions in constraints.txt.
 set -euo pipefail

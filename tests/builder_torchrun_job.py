@@ -1,4 +1,4 @@
-"""A builder-mode job for torchrun (no tests here): ``tests/builder/test_builder_torchrun.py`` starts it on two
+"""A builder-mode job for torchrun (no tests here): ``tests/distributed/builder/test_builder_torchrun.py`` starts it on two
 ``torchrun`` agents (two "nodes" on localhost, gloo) and judges it from outside.
 
 Every rank logs the sample indices of every batch it trains on (``OUT/rank<R>.jsonl``), so coverage is checked

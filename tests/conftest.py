@@ -1,10 +1,18 @@
-"""Shared pytest fixtures (fixtures only: builders live in tiny_models.py)."""
+"""Shared pytest fixtures (builders live in tiny_models.py) and the suite's tiers.
+
+The tiers are folders, by kind of test, not by measured time, each with its marker set here:
+``tests/unit/`` (no process started), ``tests/distributed/`` (real gloo ranks: the rank pool, spawned ranks,
+torchrun, builder workers) and ``tests/e2e/`` (the command line, the docs, the examples, the benchmarks and the
+scripts as a user runs them). Inside each, one folder per package. A unit-tier test that starts a process fails,
+naming the tier it belongs to (``no_process_started``)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
@@ -71,3 +79,57 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     close_pools()
     close_session()
+
+
+TIERS = ("unit", "distributed", "e2e")
+_TESTS = Path(__file__).resolve().parent
+
+
+def tier_of(path: Path) -> str:
+    """The tier a test file belongs to: the first folder under ``tests/``."""
+    parts = Path(path).resolve().relative_to(_TESTS).parts
+    return parts[0] if len(parts) > 1 and parts[0] in TIERS else ""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test gets its tier's marker (``-m unit``, ``-m distributed``, ``-m e2e``)."""
+    for item in items:
+        tier = tier_of(item.path)
+        if tier:
+            item.add_marker(getattr(pytest.mark, tier))
+
+
+class ProcessStarted(AssertionError):
+    """A unit-tier test started a process."""
+
+
+@contextlib.contextmanager
+def no_process_started(where: str) -> Iterator[None]:
+    """Fail whatever starts a process (subprocess, multiprocessing, a fork or a spawn) while the block runs."""
+    import _posixsubprocess
+    import multiprocessing.process
+
+    def refuse(*_args: Any, **_kwargs: Any) -> Any:
+        raise ProcessStarted(f"{where} started a process: a unit-tier test starts none; move it to "
+                             "tests/distributed/ (ranks) or tests/e2e/ (a command, a script, a fresh interpreter)")
+
+    saved = [(_posixsubprocess, "fork_exec"), (os, "fork"), (os, "posix_spawn"), (os, "posix_spawnp"),
+             (os, "system"), (multiprocessing.process.BaseProcess, "start"), (subprocess.Popen, "__init__")]
+    originals = [(owner, name, getattr(owner, name)) for owner, name in saved if hasattr(owner, name)]
+    for owner, name, _ in originals:
+        setattr(owner, name, refuse)
+    try:
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Iterator[None]:
+    """Unit-tier tests run, set-up and teardown included, with process starts refused."""
+    if tier_of(item.path) == "unit":
+        with no_process_started(item.nodeid):
+            yield
+    else:
+        yield

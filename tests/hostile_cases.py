@@ -1,4 +1,4 @@
-"""The hostile-input table run by ``tests/cli/test_hostile_inputs.py``: one row per careless or hostile input.
+"""The hostile-input table run by ``tests/e2e/cli/test_hostile_inputs.py``: one row per careless or hostile input.
 
 It exists apart from the runner so the table reads as a catalogue. Each case is ``Case(id, argv, needles, code,
 setup, owned)``: ``argv`` is the ``flodl-hf`` command line with placeholders ``{base}`` (a tiny base checkpoint),

@@ -233,7 +233,7 @@ def packaged_corpus() -> Any:
 
 def _minilm_workload(spec: WorkloadSpec) -> Workload:
     # Plain transformers, not the task heads: the bench measures the engine's scheduling of a model, and the CLI
-    # stays the only module that joins the heads to the rest (tests/project/test_layout.py).
+    # stays the only module that joins the heads to the rest (tests/unit/project/test_layout.py).
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from ..defaults import CORPUS_LABELS, default_model_path

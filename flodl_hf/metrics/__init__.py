@@ -4,7 +4,7 @@ It exists so that ``train``, ``eval``, the model cards and user scripts compute 
 place apart from the job that reports them (``flodl_hf.job``). Importing the package imports the classification
 metrics and the loss-curve plot (the documented ``from flodl_hf.metrics import accuracy``); the others load on
 demand. Each figure follows the library or official rule people trust for it, and is tested against it on seeded
-random cases (``tests/metrics/test_metrics_vs_libraries.py``; the libraries are in the ``dev`` extra only).
+random cases (``tests/unit/metrics/test_metrics_vs_libraries.py``; the libraries are in the ``dev`` extra only).
 
 * ``classification``: accuracy, macro-F1, per-label scores, confusion matrix; multi-label micro- / macro-F1
   (scikit-learn's).

@@ -4,7 +4,7 @@
 It exists so that the CLI, the model card and user scripts report the same numbers computed the same way, with no
 scikit-learn dependency. Every figure is scikit-learn's, with ``zero_division=0`` (a precision, recall or F1 whose
 denominator is zero counts as 0, which is what scikit-learn's default ``"warn"`` returns), and is tested against
-scikit-learn on seeded random cases (``tests/metrics/test_metrics_vs_libraries.py``):
+scikit-learn on seeded random cases (``tests/unit/metrics/test_metrics_vs_libraries.py``):
 
 * single-label: ``accuracy_score``; ``f1_score(average="macro")`` without ``labels=``, i.e. averaged over the labels
   that occur in the references or the predictions; ``precision_recall_fscore_support(average=None)``;

@@ -3,7 +3,7 @@
 It exists because extractive QA is scored on the answer *text*, not on token positions, and the project takes no new
 dependency for it (``evaluate``'s ``squad`` metrics fetch their scripts from the Hub). The rules, as the official
 ``evaluate-v1.1.py`` and ``evaluate-v2.0.py`` define them (tested against both, written out from their published
-definitions, on seeded random cases: ``tests/metrics/test_metrics_vs_libraries.py``):
+definitions, on seeded random cases: ``tests/unit/metrics/test_metrics_vs_libraries.py``):
 
 * Normalisation (both): lower-case, drop ASCII punctuation (``string.punctuation``), drop the articles ``a``,
   ``an``, ``the`` as whole words, collapse whitespace. Exact match is 1 when the normalised texts are equal.

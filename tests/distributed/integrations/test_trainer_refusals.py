@@ -1,0 +1,131 @@
+"""What ElCheTrainer cannot do as one process would is refused at construction, in one line naming the argument.
+
+Each refusal is a real `transformers.Trainer` construction (tiny BERT from config); the multi-rank ones run on 2 real
+gloo ranks, since El Che's own settings only apply when there is more than one rank.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dist_helpers import run_ranks
+from transformers import BertConfig, BertForSequenceClassification, TrainingArguments
+
+from flodl_hf.integrations import ElCheArguments, ElCheTrainer
+
+
+def _model() -> torch.nn.Module:
+    return BertForSequenceClassification(BertConfig(vocab_size=32, hidden_size=8, num_hidden_layers=1,
+                                                    num_attention_heads=2, intermediate_size=8, num_labels=2))
+
+
+class _Rows(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": [1, 2, 3], "labels": i % 2}
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        yield {"input_ids": [1, 2], "labels": 0}
+
+
+def _args(tmp_path, **kw) -> TrainingArguments:
+    return TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], **kw)
+
+
+def _message(excinfo: pytest.ExceptionInfo) -> str:
+    text = str(excinfo.value)
+    assert "\n" not in text, text
+    return text
+
+
+@pytest.mark.parametrize("kw, named", [
+    ({"train_sampling_strategy": "batch_rebalance"}, "train_sampling_strategy='batch_rebalance'"),
+    ({"auto_find_batch_size": True}, "auto_find_batch_size=True"),
+    ({"optim": "adalomo"}, "optim="),
+])
+def test_trainer_arguments_refused(tmp_path, kw, named):
+    with pytest.raises(ValueError) as excinfo:
+        ElCheTrainer(model=_model(), args=_args(tmp_path, **kw), train_dataset=_Rows())
+    text = _message(excinfo)
+    assert text.startswith("ElCheTrainer: ") and named in text and ": " in text.split(named, 1)[1]
+
+
+def test_iterable_train_set_refused(tmp_path):
+    with pytest.raises(ValueError) as excinfo:  # (without max_steps, Trainer itself refuses it first)
+        ElCheTrainer(model=_model(), args=_args(tmp_path, max_steps=2), train_dataset=_Stream())
+    assert "train_dataset='_Stream' has no length" in _message(excinfo)
+
+
+@pytest.mark.parametrize("kw, named", [
+    ({"speed_hint": (0, 0.5)}, "speed_hint=(0, 0.5)"),
+    ({"speed_hint": 2.0}, "speed_hint=2.0"),
+    ({"batch_sizes": [4, 0]}, "batch_sizes=[4, 0]"),
+    ({"batch_sizes": [4, 4], "speed_hint": (1, 2.0)}, "speed_hint and batch_sizes"),
+])
+def test_el_che_arguments_refused(kw, named):
+    with pytest.raises(ValueError) as excinfo:
+        ElCheArguments(**kw)
+    assert named in _message(excinfo)
+
+
+def test_elche_keyword_takes_only_el_che_arguments(tmp_path):
+    with pytest.raises(TypeError, match="pass an ElCheArguments"):
+        ElCheTrainer(model=_model(), args=_args(tmp_path), train_dataset=_Rows(), elche={"speed_hint": (1, 2)})
+
+
+def test_one_process_ignores_el_che_settings(tmp_path):
+    """The same script runs on one process: a hint or a split for several ranks has nothing to split there."""
+    trainer = ElCheTrainer(model=_model(), args=_args(tmp_path, max_steps=2, per_device_train_batch_size=4),
+                           train_dataset=_Rows(), elche=ElCheArguments(speed_hint=(1, 2.0)),
+                           data_collator=lambda rows: {"input_ids": torch.tensor([r["input_ids"] for r in rows]),
+                                                       "labels": torch.tensor([r["labels"] for r in rows])})
+    trainer.train()
+    assert trainer.state.global_step == 2 and trainer.elche is None
+
+
+MISFITS = [
+    ({"speed_hint": (2, 2.0)}, "names rank 2, outside 0..1"),
+    ({"batch_sizes": [2, 3, 3]}, "has 3 entries for 2 ranks"),
+    ({"batch_sizes": [2, 3]}, "summing to per_device_train_batch_size x world size = 8"),
+]
+
+
+def _on_two_ranks(rank: int, world: int, out: str) -> list[str]:
+    args = TrainingArguments(output_dir=out, use_cpu=True, report_to=[], per_device_train_batch_size=4, max_steps=1)
+    collate = lambda rows: {"input_ids": torch.tensor([r["input_ids"] for r in rows]),
+                            "labels": torch.tensor([r["labels"] for r in rows])}
+    messages = []
+    for elche, _ in MISFITS:
+        try:
+            trainer = ElCheTrainer(model=_model(), args=args, train_dataset=_Rows(), data_collator=collate,
+                                   elche=ElCheArguments(**elche))
+            trainer.train()
+            messages.append("trained")
+        except ValueError as exc:
+            messages.append(str(exc))
+    return messages
+
+
+def test_el_che_settings_that_do_not_fit_the_ranks(tmp_path):
+    for messages in [value for _, value in run_ranks(_on_two_ranks, 2, str(tmp_path / "out"), timeout=120)]:
+        for (_, named), text in zip(MISFITS, messages, strict=True):
+            assert named in text and "\n" not in text, text
+
+
+BAD_FORMAT = '{"format": "x", "global_micro_batch": 8, "micro_batches_per_window": 1}'
+
+
+@pytest.mark.parametrize("text", ["{", '{"format": 1}', "[]", BAD_FORMAT])
+def test_a_damaged_el_che_state_is_refused_in_one_line(tmp_path, text):
+    checkpoint = tmp_path / "checkpoint-4"
+    checkpoint.mkdir()
+    (checkpoint / "elche_trainer.json").write_text(text)
+    trainer = ElCheTrainer(model=_model(), args=_args(tmp_path, max_steps=1), train_dataset=_Rows())
+    with pytest.raises(ValueError) as excinfo:
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert "is not a readable El Che state" in _message(excinfo) and "resume from another checkpoint" in str(
+        excinfo.value)

@@ -1,0 +1,46 @@
+"""ElCheTrainer checkpoints: interrupted on 2 ranks, resumed on 1, every remaining sample seen once, same model.
+
+The first run is ended abruptly (``os._exit`` on every rank) after its step-4 checkpoint, in the middle of the second
+epoch; the resume runs as one plain process with ``resume_from_checkpoint``. The checkpoint keeps the global batch,
+so the resumed run draws the same windows one process would: the samples of the completed steps plus the resumed
+run's are each epoch exactly once, and the final parameters equal an uninterrupted 2-rank run's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trainer_runs
+
+
+CASE = {"model": "seq", "n": 40, "data_seed": 21, "init_seed": 22, "per_device": 4, "ga": 2, "epochs": 2,
+        "lr": 3e-3, "warmup": 2, "wd": 0.01, "clip": 1.0, "seed": 23, "elche": {"speed_hint": [1, 3.0]},
+        "save_steps": 2}
+UNIT, PER_EPOCH = 8, 5  # global micro-batch, micro-batches per epoch (40 / 8)
+
+
+def test_interrupted_on_two_ranks_resumed_on_one(tmp_path):
+    first, second, whole = tmp_path / "first", tmp_path / "second", tmp_path / "whole"
+    trainer_runs.run(dict(CASE, exit_at=4), first, 2, expect=17)
+    checkpoint = first / "trainer" / "checkpoint-4"
+    state = json.loads((checkpoint / "elche_trainer.json").read_text())
+    assert state["global_micro_batch"] == UNIT and state["micro_batches_per_window"] == 2
+    trainer_runs.run(dict(CASE, resume=str(checkpoint)), second, 0)
+
+    # the 4 completed steps: 3 windows in epoch 0 (micro-batches 2 + 2 + 1), then micro-batches 5 and 6 in epoch 1;
+    # the first run had also drawn (not applied) the next window when it ended
+    before = trainer_runs.seen(first, 2)
+    after = trainer_runs.seen(second, 1)[0]
+    assert all(len(b) == UNIT for b in after[:-1])  # one rank now takes the whole global micro-batch
+    epoch1 = [i for k in (PER_EPOCH, PER_EPOCH + 1) for rank in before for i in rank[k]] + [i for b in after for i in b]
+    assert sorted(epoch1) == list(range(CASE["n"]))
+    epoch0 = sorted(i for k in range(PER_EPOCH) for rank in before for i in rank[k])
+    assert epoch0 == list(range(CASE["n"]))
+
+    trainer_runs.run(CASE, whole, 2)
+    diff = trainer_runs.max_diff(trainer_runs.params(second), trainer_runs.params(whole))
+    assert diff < 1e-5, diff
+    lr_whole = [h["learning_rate"] for h in trainer_runs.log(whole) if "learning_rate" in h]
+    lr_second = [h["learning_rate"] for h in trainer_runs.log(second) if "learning_rate" in h]
+    assert len(lr_whole) == 6 and lr_second == lr_whole  # the resumed history carries the first run's 4 steps

@@ -1,0 +1,134 @@
+"""The README quickstart under every launcher: flodl-hf's own, torchrun, two simulated nodes, accelerate launch.
+
+Each run is a real subprocess tree with real gloo ranks; the test checks that every rank ends with the same
+parameter fingerprint and that failures end the whole job with an error instead of hanging.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import tiny_models
+from flodl_hf.distributed.launch import free_port
+
+ROOT = Path(__file__).resolve().parents[3]
+QUICKSTART = ROOT / "examples" / "quickstart.py"
+FINGERPRINT = re.compile(r"rank (\d+)/(\d+) steps (\d+) loss \S+ fingerprint ([0-9a-f]+)")
+
+
+@pytest.fixture(scope="module")
+def tiny_job(tmp_path_factory):
+    base = tmp_path_factory.mktemp("launch")
+    model = base / "tinybert"
+    tiny_models.make_checkpoint("bert", model, with_classifier=False)
+    data = base / "toy.csv"
+    with data.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["text", "label"])
+        writer.writerows(tiny_models.toy_task(128, seed=0))
+    return ["--model", str(model), "--data", str(data), "--rows", "128", "--batch-size", "8"]
+
+
+def _env(**extra: str) -> dict:
+    env = dict(os.environ)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "FLODL_HF_DEVICES"):
+        env.pop(key, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["HF_HUB_OFFLINE"] = "1"
+    env.update(extra)
+    return env
+
+
+def _run(cmd: list[str], env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def _fingerprints(*outputs: str, world: int) -> dict[int, str]:
+    found = {}
+    for out in outputs:
+        for rank, size, _, digest in FINGERPRINT.findall(out):
+            assert int(size) == world
+            found[int(rank)] = digest
+    assert sorted(found) == list(range(world)), outputs
+    assert len(set(found.values())) == 1, found  # every replica bit-identical
+    return found
+
+
+def test_plain_python_starts_the_other_ranks(tiny_job):
+    proc = _run([sys.executable, str(QUICKSTART), *tiny_job, "--devices", "cpu,cpu"], _env())
+    assert proc.returncode == 0, proc.stderr
+    _fingerprints(proc.stdout, world=2)
+    assert "flodl-hf: 2 ranks (homogeneous, gloo)" in proc.stderr
+
+
+def test_devices_environment_variable(tiny_job):
+    proc = _run([sys.executable, str(QUICKSTART), *tiny_job], _env(FLODL_HF_DEVICES="cpu,cpu"))
+    assert proc.returncode == 0, proc.stderr
+    _fingerprints(proc.stdout, world=2)
+
+
+def test_torchrun_two_processes(tiny_job):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(free_port()), str(QUICKSTART), *tiny_job]
+    proc = _run(cmd, _env())
+    assert proc.returncode == 0, proc.stderr
+    _fingerprints(proc.stdout, world=2)
+
+
+def test_two_nodes_on_localhost(tiny_job):
+    port = str(free_port())
+    env = _env()
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
+                               str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port",
+                               port, str(QUICKSTART), *tiny_job], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    _fingerprints(*(o[0] for o in outs), world=2)
+
+
+def test_accelerate_launch_two_cpu_processes(tiny_job):
+    # accelerate's --cpu flag runs multi-process only through mpirun; --multi_gpu goes through torchrun, which on
+    # a machine without CUDA gives CPU ranks (flodl-hf then picks gloo).
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(free_port()), str(QUICKSTART), *tiny_job]
+    proc = _run(cmd, _env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _fingerprints(proc.stdout, world=2)
+
+
+FAILING = """
+import sys, torch
+sys.path.insert(0, {root!r})
+from flodl_hf import DdpConfig, Graph, Trainer
+graph = Graph(torch.nn.Linear(4, 2))
+Trainer.setup_with(graph, lambda dev: torch.nn.Linear(4, 2), lambda p: torch.optim.SGD(p, lr=0.1),
+                   DdpConfig(devices=["cpu", "cpu"], timeout_s=30))
+for step in range(50):
+    if graph.rank == 1 and step == 5:
+        raise RuntimeError("injected failure on rank 1")
+    graph.module(torch.randn(8, 4)).sum().backward()
+    graph.step()
+print("finished", graph.rank)
+"""
+
+
+def test_a_failing_rank_ends_the_job(tmp_path):
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING.format(root=str(ROOT)))
+    start = time.monotonic()
+    proc = _run([sys.executable, str(script)], _env(), timeout=120)
+    assert time.monotonic() - start < 90
+    assert proc.returncode != 0
+    assert "injected failure on rank 1" in proc.stderr
+    assert "rank 1 failed" in proc.stderr
+    assert "finished 0" not in proc.stdout
