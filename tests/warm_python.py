@@ -93,7 +93,8 @@ def client(path: str, args: list[str]) -> None:
     tail = _recv_exact(sock, _CODE.size)
     status = _CODE.unpack(tail)[0] if len(tail) == _CODE.size else -int(signal.SIGKILL)
     if status < 0:  # the command died of a signal: so does its stand-in, as its caller would see it
-        signal.signal(-status, signal.SIG_DFL)
+        if -status not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+            signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
     os._exit(status)
 

@@ -24,6 +24,7 @@ import torch
 from flodl_hf import DdpConfig, Graph, Trainer, cli
 from flodl_hf.checkpoint.errors import ResumeError
 from flodl_hf.checkpoint.format import FAULT_ENV, STAGES
+from warm_python import python_command
 
 ROOT = Path(__file__).resolve().parents[3]
 OWN = {"checkpoint.json", "checkpoint.0.safetensors", "checkpoint.1.safetensors"}
@@ -62,15 +63,18 @@ if mode == "hold":
 """
 
 
-def _writer(tmp_path: Path, ckpt: Path, steps: int, mode: str = "plain", fault: str = "",
+def _writer(tmp_path: Path, ckpt: Path, steps: int, mode: str = "plain", fault: str = "", real: bool = False,
             **kw) -> subprocess.Popen:
+    """The writer in a process of its own: a fork of the warm interpreter (``warm_python``), or with ``real`` a
+    fresh one (a test that kills it and at once needs its lock freed: a warm command dies just after its stand-in)."""
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.pop(FAULT_ENV, None)
     if fault:
         env[FAULT_ENV] = fault
-    return subprocess.Popen([sys.executable, str(script), str(ckpt), str(steps), mode], env=env, text=True,
+    python = [sys.executable] if real else python_command()
+    return subprocess.Popen([*python, str(script), str(ckpt), str(steps), mode], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 
 
@@ -154,7 +158,7 @@ def test_a_read_only_checkpoint_directory_keeps_the_previous_checkpoint(tmp_path
 
 def test_concurrent_writers_the_second_is_refused_naming_the_first_and_a_dead_holder_frees_it(tmp_path):
     ckpt = tmp_path / "ckpt"
-    first = _writer(tmp_path, ckpt, 1, "hold", stdin=subprocess.PIPE)
+    first = _writer(tmp_path, ckpt, 1, "hold", real=True, stdin=subprocess.PIPE)
     assert first.stdout.readline().strip() == "SAVED 1"  # it holds the directory until it exits
     code, out, err = _finish(_writer(tmp_path, ckpt, 1))
     assert code == 3 and "ERROR CheckpointLockedError" in out and f"pid {first.pid} on " in out, (out, err[-1500:])

@@ -49,6 +49,8 @@ CASES = {
     "unbuffered by the environment": (["-c", "import sys; print(sys.stdout.write_through)"], ""),
     "killed by a signal": (["-c", "import os, signal; print('bye', flush=True); os.kill(os.getpid(), signal.SIGTERM)"],
                            ""),
+    "killed by SIGKILL": (["-c", "import os, signal; print('bye', flush=True); os.kill(os.getpid(), signal.SIGKILL)"],
+                          ""),
     "spawned workers": (["spawn.py"], ""),
     "an option it leaves to the real interpreter": (["-E", "-c", "import sys; print(sys.flags.ignore_environment)"],
                                                     ""),
