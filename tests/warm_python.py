@@ -104,6 +104,7 @@ def client(path: str, args: list[str]) -> None:
 def serve(path: str) -> None:
     """Import the heavy modules, listen at ``path`` and fork a command per connection (never returns)."""
     import importlib
+    import select
 
     for name in PRELOAD:
         importlib.import_module(name)
@@ -115,7 +116,12 @@ def serve(path: str) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the forks are reaped by the kernel: the server never waits
     sys.stdout.write("ready\n")
     sys.stdout.flush()
+    parent = os.getppid()
     while True:
+        if not select.select([server], [], [], 1.0)[0]:
+            if os.getppid() != parent:  # the test session is gone (killed before it could stop the server)
+                os._exit(0)
+            continue
         conn, _ = server.accept()
         try:
             data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
