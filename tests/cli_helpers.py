@@ -9,6 +9,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from process_state import changed_variables, differences, restore, snapshot
 from tiny_models import toy_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,33 +66,6 @@ def command_options() -> dict[str, set[str]]:
     return found
 
 
-#: What one ``flodl-hf`` command may not change in the process that runs it in-process (``run_main``).
-def _process_state() -> dict:
-    import signal
-    import sys
-
-    import torch
-
-    return {"environment": dict(os.environ), "working directory": os.getcwd(), "torch threads": torch.get_num_threads(),
-            "default dtype": torch.get_default_dtype(), "grad mode": torch.is_grad_enabled(),
-            "signal handlers": {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)},
-            "sys.excepthook": sys.excepthook}
-
-
-def _restore(state: dict) -> None:
-    import signal
-    import sys
-
-    import torch
-
-    torch.set_num_threads(state["torch threads"])
-    torch.set_default_dtype(state["default dtype"])
-    torch.set_grad_enabled(state["grad mode"])
-    for number, handler in state["signal handlers"].items():
-        signal.signal(number, handler)
-    sys.excepthook = state["sys.excepthook"]
-
-
 def run_main(argv, cwd: Path, env: dict) -> subprocess.CompletedProcess:
     """``python -m flodl_hf ARGV`` run in this process through ``flodl_hf.cli.main(argv)``: the same exit code,
     stdout and stderr (both file descriptors and ``sys.stdout``/``sys.stderr``, so C-level writes are caught too)
@@ -99,7 +73,7 @@ def run_main(argv, cwd: Path, env: dict) -> subprocess.CompletedProcess:
     Python start-up. An exception that escapes ``main`` is printed as the interpreter would (a traceback, exit 1),
     argparse's exit keeps its code. What the command changed in the process (environment, working directory,
     torch's switches, signal handlers) is put back and fails the call: a command run twice in one process (a
-    notebook) must find it as it was.
+    notebook) must find it as it was (``process_state``).
 
     For commands refused before any work and for short runs on tiny models; a command that could block (a FIFO),
     needs a signal or a resource limit, or reads the environment at import runs in a subprocess instead."""
@@ -111,7 +85,7 @@ def run_main(argv, cwd: Path, env: dict) -> subprocess.CompletedProcess:
 
     from flodl_hf import cli
 
-    before = _process_state()
+    before = snapshot()
     saved_env = dict(os.environ)
     os.environ.clear()
     os.environ.update(env)
@@ -149,16 +123,16 @@ def run_main(argv, cwd: Path, env: dict) -> subprocess.CompletedProcess:
             os.dup2(saved[1], 2)
             for fd in saved:
                 os.close(fd)
-            changed_env = sorted(k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k))
+            changed_env = changed_variables(env, dict(os.environ))
             os.environ.clear()
             os.environ.update(saved_env)
         out.seek(0)
         err.seek(0)
         stdout = out.read().decode("utf-8", "replace")
         stderr = err.read().decode("utf-8", "replace")
-    after = _process_state()
-    left = [key for key in before if key != "environment" and before[key] != after[key]]
-    _restore(before)
+    after = snapshot()
+    left = differences({k: v for k, v in before.items() if k != "environment"}, after)
+    restore(before)
     if changed_env:
         left.append(f"environment variables {changed_env}")
     assert not left, f"flodl-hf {' '.join(map(str, argv))} left the process changed: {left}"

@@ -36,6 +36,8 @@ import traceback
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Optional
 
+from process_state import differences, snapshot
+
 __all__ = ["RankPool", "pool_for", "close_pools"]
 
 #: How long a fresh rank may take to import torch, transformers and flodl-hf and say it is ready.
@@ -47,34 +49,14 @@ LAUNCH_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_A
 # --- inside a rank ---------------------------------------------------------------------------------------------
 
 def _state() -> dict[str, Any]:
-    """What a test must leave as it found it: the parts of a process a test can change and the next test sees."""
-    import signal
-
-    import torch
-    import torch.nn.modules.module as module
-
+    """What a test must leave as it found it: ``process_state``'s snapshot and flodl-hf's process context."""
     from flodl_hf.distributed import context, window
 
-    hooks = {name: len(getattr(module, name)) for name in dir(module)
-             if name.startswith("_global_") and name.endswith("_hooks")}
-    return {
-        "environment": dict(os.environ),
-        "working directory": os.getcwd(),
-        "torch threads": torch.get_num_threads(),
-        "default dtype": torch.get_default_dtype(),
-        "grad mode": torch.is_grad_enabled(),
-        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
-        "anomaly detection": torch.is_anomaly_enabled(),
-        "cpu autocast": torch.is_autocast_enabled("cpu"),
-        "global module hooks": hooks,
-        "signal handlers": {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)},
-        "sys.excepthook": sys.excepthook,
-        "threading.excepthook": threading.excepthook,
-        "flodl-hf context": context.current_context(),
-        "flodl-hf open windows": len(context.OPEN_RUNTIMES),
-        "flodl-hf failure mark": window._PROCESS_FAILED,
-        "process group": _group_initialized(),
-    }
+    return {**snapshot(),
+            "flodl-hf context": context.current_context(),
+            "flodl-hf open windows": len(context.OPEN_RUNTIMES),
+            "flodl-hf failure mark": window._PROCESS_FAILED,
+            "process group": _group_initialized()}
 
 
 def _group_initialized() -> bool:
@@ -85,18 +67,6 @@ def _group_initialized() -> bool:
 
 def _threads() -> set[int]:
     return {t.ident for t in threading.enumerate() if t.ident is not None}
-
-
-def _differences(clean: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    out = []
-    for key, value in clean.items():
-        if key == "environment":
-            changed = sorted(k for k in set(value) | set(now[key]) if value.get(k) != now[key].get(k))
-            if changed:
-                out.append(f"environment variables {changed}")
-        elif now[key] != value:
-            out.append(f"{key} ({value!r} -> {now[key]!r})")
-    return out
 
 
 def _teardown(clean: dict[str, Any], threads_before: set[int]) -> list[str]:
@@ -124,7 +94,7 @@ def _teardown(clean: dict[str, Any], threads_before: set[int]) -> list[str]:
         time.sleep(0.02)
     if alive:
         problems.append(f"threads still running {sorted(t.name for t in alive)}")
-    problems += _differences(clean, _state())
+    problems += differences(clean, _state())
     return problems
 
 
@@ -259,27 +229,16 @@ class RankPool:
                 conn.send_bytes(task)
             deadline = time.monotonic() + timeout
             waiting = {conn: rank for rank, conn in enumerate(self._conns)}
-            sentinels = {self._procs[rank].sentinel: rank for rank in range(self.world)}
-            while waiting:
-                ready = wait(list(waiting) + [s for s, r in sentinels.items() if r not in replies],
-                             max(0.0, deadline - time.monotonic()))
+            while waiting:  # a rank that dies closes its end of the pipe: its connection reads EOF
+                ready = wait(list(waiting), max(0.0, deadline - time.monotonic()))
                 if not ready:
                     break
-                for item in ready:
-                    if item in waiting:
-                        rank = waiting.pop(item)
-                        try:
-                            replies[rank] = pickle.loads(item.recv_bytes())
-                        except (EOFError, OSError):
-                            replies[rank] = None  # died while answering
-                    elif item in sentinels and sentinels[item] not in replies:
-                        rank = sentinels[item]
-                        # the rank's process ended: whatever it sent before is still in the pipe
-                        conn = self._conns[rank]
-                        if conn in waiting and conn.poll():
-                            continue
-                        waiting.pop(conn, None)
-                        replies[rank] = None
+                for conn in ready:
+                    rank = waiting.pop(conn)  # type: ignore[call-overload]
+                    try:
+                        replies[rank] = pickle.loads(conn.recv_bytes())  # type: ignore[union-attr]
+                    except (EOFError, OSError):
+                        replies[rank] = None  # died before or while answering
         except BaseException:
             self.close()  # an interrupted test (pytest-timeout, Ctrl-C) leaves the ranks mid-test
             raise
