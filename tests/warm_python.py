@@ -45,7 +45,10 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 def _recv_exact(sock: socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:
-        chunk = sock.recv(size - len(data))
+        try:
+            chunk = sock.recv(size - len(data))
+        except socket.timeout:  # the client's short timeout: its signal handlers get their turn
+            continue
         if not chunk:
             return data
         data += chunk
@@ -81,6 +84,9 @@ def client(path: str, args: list[str]) -> None:
         signal.signal(number, forward)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
+    # A signal that lands just before a blocking recv starts would wait for the recv to return before its Python
+    # handler runs (possibly never): waiting in short slices lets every forwarded signal through at once.
+    sock.settimeout(0.2)
     message = json.dumps({"argv": args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
     socket.send_fds(sock, [_LENGTH.pack(len(message)) + message], [0, 1, 2])
     head = _recv_exact(sock, _CODE.size)
@@ -306,20 +312,20 @@ class WarmPython:
         warm (torchrun's ``--no-python`` runs the stand-in for ``python`` in each worker)."""
         wrapper = os.path.join(os.path.dirname(self.socket), "python-stand-in")
         if not os.path.exists(wrapper):
-            with open(wrapper, "w", encoding="utf-8") as handle:
-                handle.write(f'#!/bin/sh\nexec "{sys.executable}" -I -S "{os.path.abspath(__file__)}" client '
-                             f'"{self.socket}" "$@"\n')
-            os.chmod(wrapper, 0o755)
+            self._write_stand_in(wrapper)
         return self.command("-m", "torch.distributed.run", *map(str, options), "--no-python", wrapper,
                             *map(str, script))
 
     def write_wrappers(self, directory: str) -> None:
-        for name, args in (("python", ""), ("flodl-hf", " -m flodl_hf")):
-            target = os.path.join(directory, name)
-            with open(target, "w", encoding="utf-8") as handle:
-                handle.write(f'#!/bin/sh\nexec "{sys.executable}" -I -S "{os.path.abspath(__file__)}" client '
-                             f'"{self.socket}"{args} "$@"\n')
-            os.chmod(target, 0o755)
+        self._write_stand_in(os.path.join(directory, "python"))
+        self._write_stand_in(os.path.join(directory, "flodl-hf"), " -m flodl_hf")
+
+    def _write_stand_in(self, path: str, args: str = "") -> None:
+        """An executable at ``path`` that is ``python{args}`` on this server."""
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(f'#!/bin/sh\nexec "{sys.executable}" -I -S "{os.path.abspath(__file__)}" client '
+                         f'"{self.socket}"{args} "$@"\n')
+        os.chmod(path, 0o755)
 
     def close(self) -> None:
         if self._proc.poll() is None:
