@@ -40,6 +40,10 @@ PRELOAD = ("torch", "torch.distributed", "torch.utils.data", "numpy", "safetenso
 _LENGTH = struct.Struct("!Q")
 _CODE = struct.Struct("!q")
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_MAX_FDS = 250  # SCM_RIGHTS carries at most 253 descriptors in one message
+#: The stand-in for ``python`` next to the server's socket: a command's ``sys.executable`` and multiprocessing's
+#: interpreter, so the processes a command starts itself are warm too.
+STAND_IN = "python-stand-in"
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes:
@@ -82,13 +86,14 @@ def client(path: str, args: list[str]) -> None:
 
     for number in _FORWARDED:
         signal.signal(number, forward)
+    inherited = _open_fds()  # before the connection: the command gets what this process was started with
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
     # A signal that lands just before a blocking recv starts would wait for the recv to return before its Python
     # handler runs (possibly never): waiting in short slices lets every forwarded signal through at once.
     sock.settimeout(0.2)
-    message = json.dumps({"argv": args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
-    socket.send_fds(sock, [_LENGTH.pack(len(message)) + message], [0, 1, 2])
+    message = json.dumps({"argv": args, "cwd": os.getcwd(), "env": dict(os.environ), "fds": inherited}).encode()
+    socket.send_fds(sock, [_LENGTH.pack(len(message)) + message], inherited)
     head = _recv_exact(sock, _CODE.size)
     if len(head) < _CODE.size:
         os.write(2, b"warm_python: the server closed the connection before starting the command\n")
@@ -103,6 +108,23 @@ def client(path: str, args: list[str]) -> None:
             signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
     os._exit(status)
+
+
+def _open_fds() -> list[int]:
+    """Every descriptor this process holds (the standard streams and what a caller passed, such as the pipes
+    multiprocessing's spawned children are handed by number), at most what one message can carry."""
+    listed = sorted(int(name) for name in os.listdir("/proc/self/fd"))
+    fds = []
+    for fd in listed:
+        try:
+            os.fstat(fd)
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+        fds.append(fd)
+    if len(fds) > _MAX_FDS:
+        os.write(2, f"warm_python: {len(fds)} open descriptors, more than {_MAX_FDS} can be handed on\n".encode())
+        os._exit(1)
+    return fds
 
 
 # --- the server: imports once, forks per command -----------------------------------------------------------------
@@ -130,11 +152,12 @@ def serve(path: str) -> None:
             continue
         conn, _ = server.accept()
         try:
-            data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+            data, fds, _, _ = socket.recv_fds(conn, 1 << 16, _MAX_FDS)
             size = _LENGTH.unpack(data[:_LENGTH.size])[0]
             body = data[_LENGTH.size:]
             body += _recv_exact(conn, size - len(body))
             request = json.loads(body)
+            request["socket"] = path
         except Exception:  # noqa: BLE001 - a broken client: drop it, keep serving
             conn.close()
             continue
@@ -150,9 +173,19 @@ def serve(path: str) -> None:
 
 def _supervise(conn: socket.socket, request: dict, fds: list[int], base_env: dict, base_path: list[str]) -> None:
     """In the fork: start the command (one more fork, or the real interpreter) and report how it ended."""
+    import fcntl
+
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
+    targets = request.get("fds", [0, 1, 2])[:len(fds)]
+    floor = max([*targets, 2]) + 1  # above every target, so moving one never overwrites another
+    kept = fcntl.fcntl(conn.fileno(), fcntl.F_DUPFD_CLOEXEC, floor)
+    conn.close()
+    conn = socket.socket(fileno=kept)
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for target, fd in zip(targets, moved):
+        os.dup2(fd, target)  # inheritable, as the caller's descriptor was
         os.close(fd)
     status = 1
     try:
@@ -223,6 +256,12 @@ def _run_command(args: list[str], request: dict, base_path: list[str]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    stand_in = os.path.join(os.path.dirname(request["socket"]), STAND_IN)
+    if os.path.exists(stand_in):  # what the command starts with sys.executable, or multiprocessing spawns, is warm
+        sys.executable = stand_in
+        spawn = sys.modules.get("multiprocessing.spawn")
+        if spawn is not None:  # read at its import; a later import reads the sys.executable above
+            spawn.set_executable(stand_in)
     process = sys.modules.get("multiprocessing.process")
     if process is not None:  # read at its import, in a fresh interpreter the command's start directory
         process.ORIGINAL_DIR = os.path.abspath(request["cwd"])  # type: ignore[attr-defined]
@@ -263,7 +302,13 @@ def _run_command(args: list[str], request: dict, base_path: list[str]) -> None:
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__, "<frozen runpy>"):
             tb = tb.tb_next  # the interpreter's traceback starts at the command's own frames
-        traceback.print_exception(type(exc), exc, tb)
+        try:
+            sys.excepthook(type(exc), exc.with_traceback(tb), tb)  # the command's own hook, as the interpreter
+        except BaseException:  # noqa: BLE001 - a failing hook: the interpreter's own report of both
+            print("Error in sys.excepthook:", file=sys.stderr)
+            traceback.print_exc()
+            print("\nOriginal exception was:", file=sys.stderr)
+            traceback.print_exception(type(exc), exc, tb)
         code = 1
     try:
         threading._shutdown()  # type: ignore[attr-defined] - the interpreter joins non-daemon threads first
@@ -297,6 +342,7 @@ class WarmPython:
         import subprocess
 
         self.socket = os.path.join(workdir, "warm.sock")
+        self._write_stand_in(os.path.join(workdir, STAND_IN))
         self._proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", self.socket], env=env,
                                       cwd=workdir, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
         line = self._proc.stdout.readline() if self._proc.stdout is not None else b""
@@ -310,9 +356,7 @@ class WarmPython:
     def torchrun(self, options: list[str], *script: str) -> list[str]:
         """``[sys.executable, "-m", "torch.distributed.run", *options, *script]`` with torchrun and its workers
         warm (torchrun's ``--no-python`` runs the stand-in for ``python`` in each worker)."""
-        wrapper = os.path.join(os.path.dirname(self.socket), "python-stand-in")
-        if not os.path.exists(wrapper):
-            self._write_stand_in(wrapper)
+        wrapper = os.path.join(os.path.dirname(self.socket), STAND_IN)
         return self.command("-m", "torch.distributed.run", *map(str, options), "--no-python", wrapper,
                             *map(str, script))
 

@@ -10,13 +10,14 @@ builder mode instead.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 __all__ = ["LAUNCHED_ENV", "start_other_ranks", "watch_parent", "reap_children", "free_port"]
 
@@ -69,20 +70,36 @@ def start_other_ranks(devices: Sequence[str], timeout_s: float) -> None:
     _REAP_TIMEOUT_S = float(timeout_s)
 
 
+def _parent_gone(parent: int) -> Callable[[], bool]:
+    """A check that waits up to half a second and says whether rank 0 is gone. Rank 0's own process is watched (a
+    pidfd, readable once it exits), so a rank started through an interpreter wrapper that forks, and so is not rank
+    0's child, is watched too; without pidfds, the parent process id changes when rank 0, the parent, exits."""
+    try:
+        fd = os.pidfd_open(parent)
+    except ProcessLookupError:
+        return lambda: True
+    except (AttributeError, OSError):  # no pidfds here (not Linux, or an old kernel)
+        def reparented() -> bool:
+            time.sleep(0.5)
+            return os.getppid() != parent
+        return reparented
+    return lambda: bool(select.select([fd], [], [], 0.5)[0])
+
+
 def watch_parent() -> None:
     """In a launched child: exit if rank 0 (our parent) goes away, so no rank is ever left orphaned."""
     parent = int(os.environ.get(LAUNCHED_ENV, "0") or 0)
 
-    def _watch() -> None:
+    def _watch(gone: Callable[[], bool]) -> None:
         while True:
-            time.sleep(0.5)
-            if os.getppid() != parent:
+            if gone():
                 print(f"flodl-hf: rank {os.environ.get('RANK')}: rank 0 (pid {parent}) is gone; exiting",
                       file=sys.stderr, flush=True)
                 os._exit(1)
 
     if parent:
-        threading.Thread(target=_watch, name="flodl-hf-parent-watch", daemon=True).start()
+        threading.Thread(target=_watch, args=(_parent_gone(parent),), name="flodl-hf-parent-watch",
+                         daemon=True).start()
 
 
 def reap_children() -> None:

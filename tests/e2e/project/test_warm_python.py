@@ -52,6 +52,13 @@ CASES = {
     "killed by SIGKILL": (["-c", "import os, signal; print('bye', flush=True); os.kill(os.getpid(), signal.SIGKILL)"],
                           ""),
     "spawned workers": (["spawn.py"], ""),
+    "an uncaught exception through the command's hook": (
+        ["-c", "import sys\nsys.excepthook = lambda t, v, tb: print('hooked', t.__name__, v)\nraise KeyError('k')"],
+        ""),
+    "a descriptor handed to a child by number": (
+        ["-c", "import os, subprocess, sys\nr, w = os.pipe()\n"
+               "child = subprocess.Popen([sys.executable, '-c', f'import os; os.write({w}, b\"by number\")'], "
+               "pass_fds=[w])\nos.close(w)\nprint(os.read(r, 100), child.wait())"], ""),
     "an option it leaves to the real interpreter": (["-E", "-c", "import sys; print(sys.flags.ignore_environment)"],
                                                     ""),
 }
@@ -87,6 +94,14 @@ def test_a_command_gives_what_a_fresh_interpreter_gives(warm, tmp_path, case):
         outcomes.append((result.returncode, result.stdout.replace(str(work), "WORK"),
                          result.stderr.replace(str(work), "WORK"), files))
     assert outcomes[1] == outcomes[0]
+
+
+def test_the_interpreter_a_command_starts_is_warm_too(warm, tmp_path):
+    server, env = warm
+    probe = "import sys; print('torch' in sys.modules)"
+    starts = f"import subprocess, sys; print(subprocess.run([sys.executable, '-c', {probe!r}]).returncode)"
+    assert _run(server.command("-c", starts), tmp_path, env, "").stdout == "True\n0\n"
+    assert _run([sys.executable, "-c", starts], tmp_path, env, "").stdout == "False\n0\n"
 
 
 def test_an_environment_read_at_import_runs_the_real_interpreter(warm, tmp_path):
