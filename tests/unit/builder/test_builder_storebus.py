@@ -25,15 +25,21 @@ from flodl_hf.builder.state import Entry, Layout
 from flodl_hf.builder.storebus import CHUNK, Heartbeat, Liveness, StoreBoard, StoreLost, command_queue
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def server():
-    s = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
-    yield s
-    del s
+    """One store host and a few client connections for the module; every test writes under a prefix of its own.
+    (Each new connection costs a reverse lookup of the loopback address; where the resolver drops one, c10d waits
+    out its 5 s timeout, so a connection per call made this file wait 5-10 s per run.)"""
+    host = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    clients = [dist.TCPStore("127.0.0.1", host.port, None, False, timeout=timedelta(seconds=10)) for _ in range(4)]
+    yield {"host": host, "clients": clients, "used": 0}
+    del clients, host
 
 
 def _client(server, prefix):
-    base = dist.TCPStore("127.0.0.1", server.port, None, False, timeout=timedelta(seconds=10))
+    """A prefix store on the next of the module's connections: a test's roles talk over different connections."""
+    base = server["clients"][server["used"] % len(server["clients"])]
+    server["used"] += 1
     return dist.PrefixStore(prefix, base)
 
 
