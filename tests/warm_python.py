@@ -40,6 +40,10 @@ PRELOAD = ("torch", "torch.distributed", "torch.utils.data", "numpy", "safetenso
 _LENGTH = struct.Struct("!Q")
 _CODE = struct.Struct("!q")
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Resource limits a command inherits from its caller (``ulimit``). The descriptor limit is set in the fork; a
+#: different limit of another kind (memory, say, which the server's imports already use) runs the real interpreter.
+LIMITS = ("RLIMIT_NOFILE", "RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_STACK", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NPROC",
+          "RLIMIT_CORE", "RLIMIT_MEMLOCK")
 _MAX_FDS = 250  # SCM_RIGHTS carries at most 253 descriptors in one message
 #: The stand-in for ``python`` next to the server's socket: a command's ``sys.executable`` and multiprocessing's
 #: interpreter, so the processes a command starts itself are warm too.
@@ -92,7 +96,8 @@ def client(path: str, args: list[str]) -> None:
     # A signal that lands just before a blocking recv starts would wait for the recv to return before its Python
     # handler runs (possibly never): waiting in short slices lets every forwarded signal through at once.
     sock.settimeout(0.2)
-    message = json.dumps({"argv": args, "cwd": os.getcwd(), "env": dict(os.environ), "fds": inherited}).encode()
+    message = json.dumps({"argv": args, "cwd": os.getcwd(), "env": dict(os.environ), "fds": inherited,
+                          "limits": _limits()}).encode()
     socket.send_fds(sock, [_LENGTH.pack(len(message)) + message], inherited)
     head = _recv_exact(sock, _CODE.size)
     if len(head) < _CODE.size:
@@ -108,6 +113,20 @@ def client(path: str, args: list[str]) -> None:
             signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
     os._exit(status)
+
+
+def _limits() -> dict[str, list[int]]:
+    import resource
+
+    return {name: list(resource.getrlimit(getattr(resource, name))) for name in LIMITS}
+
+
+def _set_limits(limits: dict[str, list[int]]) -> None:
+    import resource
+
+    for name, value in limits.items():
+        if list(resource.getrlimit(getattr(resource, name))) != value:
+            resource.setrlimit(getattr(resource, name), tuple(value))
 
 
 def _open_fds() -> list[int]:
@@ -190,12 +209,15 @@ def _supervise(conn: socket.socket, request: dict, fds: list[int], base_env: dic
     status = 1
     try:
         args = request["argv"]
-        real = _needs_real_interpreter(args, request["env"], base_env)
+        server_limits = _limits()
+        real = _needs_real_interpreter(args, request["env"], base_env) or any(
+            value != server_limits[name] for name, value in request["limits"].items() if name != "RLIMIT_NOFILE")
         pid = os.fork()
         if pid == 0:
             conn.close()
             if real:
                 os.chdir(request["cwd"])
+                _set_limits(request["limits"])
                 os.execve(sys.executable, [sys.executable, *args], request["env"])
             _run_command(args, request, base_path)
         conn.sendall(_CODE.pack(pid))
@@ -254,6 +276,7 @@ def _run_command(args: list[str], request: dict, base_path: list[str]) -> None:
     unbuffered, args = _split_unbuffered(args)
     unbuffered = unbuffered or bool(request["env"].get("PYTHONUNBUFFERED"))
     os.chdir(request["cwd"])
+    _set_limits(request["limits"])  # by now only the descriptor limit can differ
     os.environ.clear()
     os.environ.update(request["env"])
     stand_in = os.path.join(os.path.dirname(request["socket"]), STAND_IN)

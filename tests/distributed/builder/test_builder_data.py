@@ -11,8 +11,8 @@ import errno
 import functools
 import os
 import pickle
+import shlex
 import subprocess
-import sys
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from flodl_hf.builder.lifecycle import start_error
 from flodl_hf.builder.settings import DEFAULT_DIVERGENCE_THRESHOLD, BuilderSettings
 from flodl_hf.builder.step import Recipe
 from flodl_hf.defaults import default_model_path
+from warm_python import python_command
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -314,7 +315,9 @@ def test_two_worker_run_on_a_raw_hf_dataset():
 
 @pytest.mark.timeout(300)
 def test_example_runs_under_ulimit_1024():
-    cmd = f"ulimit -n 1024 && {sys.executable} examples/builder_mode.py --rows 1500 --epochs 1"
-    proc = subprocess.run(["bash", "-c", cmd], cwd=ROOT, capture_output=True, text=True, timeout=280)
+    python = shlex.join(python_command())  # the warm interpreter keeps its caller's descriptor limit
+    cmd = f"ulimit -n 1024 && {python} examples/builder_mode.py --rows 1500 --epochs 1"
+    proc = subprocess.run(["bash", "-c", cmd], cwd=ROOT, capture_output=True, text=True, timeout=280,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "epoch 0: loss" in proc.stdout and "averaged over 2 workers" in proc.stdout

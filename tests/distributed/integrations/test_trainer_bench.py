@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import trainer_runs
+from warm_python import python_command
 
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -22,9 +22,10 @@ BENCH = ROOT / "benchmarks" / "trainer_elche.py"
 
 def test_smallest_run_reports_both_trainers_and_the_ratio(tmp_path):
     env = trainer_runs.env()
-    cmd = [sys.executable, str(BENCH), "--rounds", "1", "--case", "1.0/0.4", "--steps", "4", "--warmup", "2",
-           "--per-device", "4", "--layers", "1", "--hidden", "32", "--vocab", "64", "--seq-len", "8",
-           "--ms-per-sample", "1", "--logging-steps", "1", "--job-timeout", "240", "--output", str(tmp_path)]
+    cmd = python_command(str(BENCH), "--rounds", "1", "--case", "1.0/0.4", "--steps", "4", "--warmup", "2",
+                         "--per-device", "4", "--layers", "1", "--hidden", "32", "--vocab", "64", "--seq-len", "8",
+                         "--ms-per-sample", "1", "--logging-steps", "1", "--job-timeout", "240", "--output",
+                         str(tmp_path))
     proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     said = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, said

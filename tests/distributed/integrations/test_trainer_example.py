@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import tiny_models
 import trainer_runs
 
 from flodl_hf.distributed.launch import free_port
-from warm_python import torchrun_command
+from warm_python import python_command, torchrun_command
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "run_classification_elche.py"
@@ -42,10 +41,9 @@ def _launch(launcher: str, model: Path, out: Path, *extra: str) -> tuple[str, di
     if launcher == "torchrun":  # torchrun and its workers on the warm interpreter (tests/warm_python.py)
         cmd = torchrun_command(["--nproc-per-node", str(WORLD), "--master-port", str(free_port())], *script)
     else:  # accelerate's --multi_gpu goes through torchrun: on a machine without CUDA, CPU ranks over gloo
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
-               "--num_processes", str(WORLD),
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(free_port()), *script]
+        cmd = python_command("-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(WORLD),
+                             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                             "--main_process_port", str(free_port()), *script)
     proc = subprocess.run(cmd, check=False, env=trainer_runs.env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     found = ACCURACY.findall(proc.stdout)

@@ -342,14 +342,15 @@ def test_ranks_declaring_different_reductions_are_told():
 
 def test_the_exact_loop_example_runs_on_two_cpu_ranks(tmp_path):
     import subprocess
-    import sys
     from pathlib import Path
+
+    from warm_python import python_command
 
     root = Path(__file__).resolve().parents[3]
     env = dict(os.environ, PYTHONPATH=str(root), FLODL_HF_DEVICES="cpu,cpu", OMP_NUM_THREADS="1")
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
-    proc = subprocess.run([sys.executable, str(root / "examples" / "exact_loop.py")], cwd=tmp_path, env=env,
+    proc = subprocess.run(python_command(str(root / "examples" / "exact_loop.py")), cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "done: 128 micro-steps, 64 optimizer steps, final lr 0.0" in proc.stdout, proc.stdout

@@ -52,6 +52,9 @@ CASES = {
     "killed by SIGKILL": (["-c", "import os, signal; print('bye', flush=True); os.kill(os.getpid(), signal.SIGKILL)"],
                           ""),
     "spawned workers": (["spawn.py"], ""),
+    "the caller's descriptor limit": (["-c", "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))"],
+                                      ""),
+    "the caller's memory limit": (["-c", "import resource; print(resource.getrlimit(resource.RLIMIT_AS))"], ""),
     "an uncaught exception through the command's hook": (
         ["-c", "import sys\nsys.excepthook = lambda t, v, tb: print('hooked', t.__name__, v)\nraise KeyError('k')"],
         ""),
@@ -74,8 +77,20 @@ def warm(tmp_path_factory):
     server.close()
 
 
-def _run(command, cwd, env, stdin):
-    return subprocess.run(command, cwd=cwd, env=env, input=stdin, capture_output=True, text=True, timeout=120)
+#: Cases whose caller runs under a resource limit (``ulimit``): the descriptor limit, set in the fork, and a memory
+#: limit, for which the stand-in runs the real interpreter.
+LIMITED = {"the caller's descriptor limit": ("RLIMIT_NOFILE", 512),
+           "the caller's memory limit": ("RLIMIT_AS", 16 << 30)}
+
+
+def _run(command, cwd, env, stdin, limit=None):
+    def set_limit():
+        import resource
+
+        resource.setrlimit(getattr(resource, limit[0]), (limit[1], limit[1]))
+
+    return subprocess.run(command, cwd=cwd, env=env, input=stdin, capture_output=True, text=True, timeout=120,
+                          preexec_fn=set_limit if limit else None)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -89,7 +104,7 @@ def test_a_command_gives_what_a_fresh_interpreter_gives(warm, tmp_path, case):
         work.mkdir()
         (work / "script.py").write_text(SCRIPT)
         (work / "spawn.py").write_text(SPAWN)
-        result = _run(command, work, env, stdin)
+        result = _run(command, work, env, stdin, LIMITED.get(case))
         files = {p.name: p.read_text() for p in work.iterdir() if p.suffix == ".txt"}
         outcomes.append((result.returncode, result.stdout.replace(str(work), "WORK"),
                          result.stderr.replace(str(work), "WORK"), files))
