@@ -68,11 +68,15 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
 LAUNCH_TIME = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 
 
+#: Variables read at the import of one library, which the server may not have imported: they matter only if it has.
+READ_BY = {"HF_DATASETS_": "datasets", "MPL": "matplotlib"}
+
+
 def _differs_at_import(env: dict, base: dict) -> list[str]:
-    prefixes = IMPORT_TIME_PREFIXES + (("MPL",) if "matplotlib" in sys.modules else ())
+    ignored = tuple(prefix for prefix, module in READ_BY.items() if module not in sys.modules)
     keys = set(env) | set(base)
-    return sorted(k for k in keys if k.startswith(prefixes) and not k.startswith(LAUNCH_TIME)
-                  and k != "PYTHONPATH" and env.get(k) != base.get(k))
+    return sorted(k for k in keys if k.startswith(IMPORT_TIME_PREFIXES + tuple(READ_BY))
+                  and not k.startswith(LAUNCH_TIME + ignored) and k != "PYTHONPATH" and env.get(k) != base.get(k))
 
 
 # --- the client: stands in for `python ARGS` ---------------------------------------------------------------------

@@ -127,6 +127,15 @@ def test_an_environment_read_at_import_runs_the_real_interpreter(warm, tmp_path)
     assert _run(server.command(*probe), tmp_path, changed, "").stdout == "False\n"
 
 
+def test_an_environment_read_by_a_library_the_server_has_not_imported_stays_warm(warm, tmp_path):
+    server, env = warm
+    probe = ["-c", "import sys; print('torch' in sys.modules, 'datasets' in sys.modules); import datasets; "
+                   "print(datasets.config.HF_DATASETS_OFFLINE)"]
+    for value in ("1", "0"):
+        changed = dict(env, HF_DATASETS_OFFLINE=value)
+        assert _run(server.command(*probe), tmp_path, changed, "").stdout == f"True False\n{value == '1'}\n"
+
+
 def test_sigterm_to_the_stand_in_reaches_the_command(warm, tmp_path):
     server, env = warm
     code = ("import os, signal, sys, time\n"
