@@ -11,9 +11,10 @@ The client (``python -I -S tests/warm_python.py client SOCKET ARGS...``, a few m
 for ``python ARGS``: it hands its three standard streams, working directory and environment to the server, forwards
 SIGINT / SIGTERM / SIGHUP to the command and exits with its code (or dies of its signal). Where the fork could differ
 from a fresh interpreter the client runs the real one instead: an interpreter option other than ``-m``, ``-c``,
-``-u``, a script or ``-``, or an environment that differs from the server's in a variable read at import (torch's,
-OpenMP's, Hugging Face's, Python's own). Commands that are killed with SIGKILL (which cannot be forwarded) or that
-check what a fresh interpreter imports keep a real subprocess.
+``-u``, ``-B``, a script or ``-``, an environment that differs from the server's in a variable read at import
+(torch's, OpenMP's, Hugging Face's, Python's own), or a resource limit other than the descriptors'. Commands that
+are killed with SIGKILL (which cannot be forwarded) or that check what a fresh interpreter imports keep a real
+subprocess.
 """
 
 from __future__ import annotations
@@ -233,11 +234,12 @@ def _supervise(conn: socket.socket, request: dict, fds: list[int], base_env: dic
             os._exit(0)
 
 
-def _split_unbuffered(args: list[str]) -> tuple[bool, list[str]]:
-    unbuffered = False
-    while args and args[0] == "-u":
-        unbuffered, args = True, args[1:]
-    return unbuffered, args
+def _split_flags(args: list[str]) -> tuple[set[str], list[str]]:
+    """The leading ``-u`` and ``-B`` (multiprocessing passes on the latter) and the arguments after them."""
+    flags = set()
+    while args and args[0] in ("-u", "-B"):
+        flags, args = flags | {args[0]}, args[1:]
+    return flags, args
 
 
 def _wait(pid: int, conn: socket.socket) -> int:
@@ -261,7 +263,7 @@ def _wait(pid: int, conn: socket.socket) -> int:
 
 
 def _needs_real_interpreter(args: list[str], env: dict, base_env: dict) -> bool:
-    _, rest = _split_unbuffered(args)
+    _, rest = _split_flags(args)
     if _differs_at_import(env, base_env) or not rest:  # not rest: an interactive interpreter
         return True
     return rest[0].startswith("-") and rest[0] not in ("-m", "-c", "-")
@@ -277,8 +279,9 @@ def _run_command(args: list[str], request: dict, base_path: list[str]) -> None:
     import traceback
     import types
 
-    unbuffered, args = _split_unbuffered(args)
-    unbuffered = unbuffered or bool(request["env"].get("PYTHONUNBUFFERED"))
+    flags, args = _split_flags(args)
+    unbuffered = "-u" in flags or bool(request["env"].get("PYTHONUNBUFFERED"))
+    sys.dont_write_bytecode = "-B" in flags or bool(request["env"].get("PYTHONDONTWRITEBYTECODE"))
     os.chdir(request["cwd"])
     _set_limits(request["limits"])  # by now only the descriptor limit can differ
     os.environ.clear()

@@ -160,7 +160,7 @@ def main_raising(argv: list[str]) -> None:
 
 def test_python_m_flodl_hf_verify_a_tagger(tmp_path):
     out = save_head("token-classification", "roberta", tmp_path / "tagger")
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")  # the warm interpreter's (one thread)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     done = subprocess.run(python_command("-m", "flodl_hf") + ["verify", str(out)], capture_output=True, text=True,
                           env=env, timeout=120)

@@ -46,6 +46,7 @@ CASES = {
     "stdin": (["-"], "print('from stdin')\nraise SystemExit(4)\n"),
     "uncaught exception": (["-c", "def f():\n    raise ValueError('deep')\nf()"], ""),
     "unbuffered": (["-u", "-c", "import sys; print(1); sys.stderr.write('2\\n'); print(3)"], ""),
+    "no bytecode written": (["-B", "-c", "import sys; print(sys.dont_write_bytecode)"], ""),
     "unbuffered by the environment": (["-c", "import sys; print(sys.stdout.write_through)"], ""),
     "killed by a signal": (["-c", "import os, signal; print('bye', flush=True); os.kill(os.getpid(), signal.SIGTERM)"],
                            ""),
