@@ -124,6 +124,16 @@ class Graph:
         """True on rank 0: the rank that logs, shows progress bars and writes files."""
         return self.rank == 0
 
+    def write_once(self, target: Any, write: Callable[[], Any]) -> Any:
+        """Run ``write()``, which writes ``target`` and returns its path, once for all ranks: on N ranks rank 0
+        writes and every other rank waits (up to ``DdpConfig.timeout_s``) until it has, then gets the same path; a
+        failure on rank 0 is raised there and named on the others. On one device: ``write()``."""
+        if self._runtime is None or self.world_size == 1:
+            return write()
+        from .distributed.main_writes import written_by_main
+
+        return written_by_main(target, write, float(self.config.timeout_s))
+
     @property
     def grad_norm(self) -> Optional[float]:
         """The total norm of the (on N ranks: reduced) gradient before clipping, at the last optimizer step; None

@@ -298,7 +298,8 @@ class TaskHead:
         existing model directory (a config.json naming a model_type, e.g. a Hub clone) the files it writes replace
         theirs and everything else (``.git/``, notes) stays; any other non-empty directory is refused
         (FileExistsError).
-        Same weights give byte-identical safetensors files. On N ranks, call it on the main rank only.
+        Same weights give byte-identical safetensors files. On N ranks every rank may call it, as an unchanged
+        loop does: rank 0 writes and the others wait until the directory is complete, then return the same path.
         """
         model, tokenizer, max_length = self.model, self.tokenizer, self.max_length
 
@@ -309,7 +310,7 @@ class TaskHead:
                     _save.save_tokenizer(tokenizer, tmp, max_length, self.input_names)
             self._save_extras(tmp)
 
-        return _save.atomic_save(directory, write)
+        return self._graph.write_once(directory, lambda: _save.atomic_save(directory, write))
 
     def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
         """Upload the model, tokenizer and a model card to the Hub repository ``repo_id`` (created if needed).

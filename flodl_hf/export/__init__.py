@@ -312,7 +312,16 @@ def export_model_dir(source: Union[str, Path], output: Union[str, Path], *, over
     A ``source`` without tokenizer files is refused unless ``tokenizer`` names a directory to take it from (an
     export with an empty tokenizer would load and give meaningless predictions). ``model_class``: the transformers
     Auto class to load and re-save with (None: ``AutoModelForSequenceClassification``; the CLI passes another
-    task's, see ``flodl_hf.export.verify_tasks.auto_model_class``)."""
+    task's, see ``flodl_hf.export.verify_tasks.auto_model_class``). On N ranks every rank may call it: rank 0
+    writes and the others wait until ``output`` is complete."""
+    from ..distributed.main_writes import written_by_main
+
+    return written_by_main(output, lambda: _export_model_dir(source, output, overwrite, tokenizer, max_length,
+                                                             model_class))
+
+
+def _export_model_dir(source: Union[str, Path], output: Union[str, Path], overwrite: bool,
+                      tokenizer: Optional[Union[str, Path]], max_length: Optional[int], model_class: Any) -> Path:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     model_class = AutoModelForSequenceClassification if model_class is None else model_class

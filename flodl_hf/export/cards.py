@@ -165,11 +165,18 @@ def build_model_card(info: CardInfo, template_path: Optional[Union[str, Path]] =
 
 
 def write_model_card(info: CardInfo, directory: Union[str, Path], filename: str = "README.md") -> Path:
-    """Render the card into ``directory/README.md`` and check that it parses back."""
+    """Render the card into ``directory/README.md`` and check that it parses back. On N ranks every rank may call
+    it: rank 0 writes and the others wait until it has."""
+    from ..distributed.main_writes import written_by_main
+
     path = Path(directory) / filename
-    build_model_card(info).save(path)
-    check_model_card(path)
-    return path
+
+    def write() -> Path:
+        build_model_card(info).save(path)
+        check_model_card(path)
+        return path
+
+    return written_by_main(path, write)
 
 
 def check_model_card(path: Union[str, Path], *, scores: bool = True) -> Any:

@@ -282,6 +282,26 @@ def test_page_runs_as_written(page, block_env, tmp_path):
         CHECKS[page](run)
 
 
+def _setup_loop(page: str) -> Block:
+    """The page's setup-mode loop: its Python block that calls ``Trainer.setup_head``."""
+    (block,) = [b for b in ALL_BLOCKS[page] if b.language == "python" and "Trainer.setup_head(" in b.code]
+    return block
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/setup-mode.md"])
+def test_the_setup_loop_runs_as_written_on_two_cpu_ranks(page, block_env, tmp_path):
+    # The row of the page's table this machine can run with its own launcher: FLODL_HF_DEVICES=cpu,cpu python ...
+    script = tmp_path / "train.py"
+    script.write_text(_setup_loop(page).code, encoding="utf-8")
+    proc = subprocess.run([*block_env.python, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          env=dict(block_env.env, FLODL_HF_DEVICES="cpu,cpu"), timeout=540)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "flodl-hf: 2 ranks" in proc.stderr, proc.stderr[-2000:]
+    assert len(re.findall(r"\[\[\('(negative|neutral|positive)', 0\.\d+\)\]\]", proc.stdout)) == 1, proc.stdout
+    assert (tmp_path / "my-classifier" / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my-classifier", "train.py"]  # no staging left behind
+
+
 def test_the_checks_and_marks_name_real_pages():
     assert set(CHECKS) <= set(RUNNABLE_PAGES) and LONG_PAGES <= set(RUNNABLE_PAGES)
 
