@@ -175,6 +175,7 @@ def _build_tiny_minilm(root: Path) -> Path:
 class BlockEnv:
     env: dict[str, str]
     python: list[str]  # the command line that stands in for `python`
+    warm: WarmPython
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +195,7 @@ def block_env(tmp_path_factory) -> Iterator[BlockEnv]:
     warm = WarmPython(env, str(base))
     warm.write_wrappers(str(bin_dir))
     try:
-        yield BlockEnv(env, warm.command())
+        yield BlockEnv(env, warm.command(), warm)
     finally:
         warm.close()
 
@@ -288,13 +289,25 @@ def _setup_loop(page: str) -> Block:
     return block
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/setup-mode.md"])
-def test_the_setup_loop_runs_as_written_on_two_cpu_ranks(page, block_env, tmp_path):
-    # The row of the page's table this machine can run with its own launcher: FLODL_HF_DEVICES=cpu,cpu python ...
+@pytest.mark.parametrize("page, launcher", [("README.md", "FLODL_HF_DEVICES"), ("README.md", "torchrun"),
+                                            ("README.md", "accelerate"), ("docs/setup-mode.md", "FLODL_HF_DEVICES")])
+def test_the_setup_loop_runs_as_written_on_two_cpu_ranks(page, launcher, block_env, tmp_path):
+    # The rows of the page's table this machine can run: FLODL_HF_DEVICES=cpu,cpu python train.py, torchrun
+    # --nproc-per-node 2 train.py, accelerate launch --multi_gpu --num_processes 2 train.py (CPU ranks here).
+    from flodl_hf.distributed.launch import free_port
+
     script = tmp_path / "train.py"
     script.write_text(_setup_loop(page).code, encoding="utf-8")
-    proc = subprocess.run([*block_env.python, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                          env=dict(block_env.env, FLODL_HF_DEVICES="cpu,cpu"), timeout=540)
+    env = dict(block_env.env)
+    if launcher == "FLODL_HF_DEVICES":
+        command, env["FLODL_HF_DEVICES"] = [*block_env.python, str(script)], "cpu,cpu"
+    elif launcher == "torchrun":
+        command = block_env.warm.torchrun(["--nproc-per-node", "2", "--master-port", str(free_port())], str(script))
+    else:
+        command = [*block_env.python, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                   "--main_process_port", str(free_port()), str(script)]
+    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=540)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "flodl-hf: 2 ranks" in proc.stderr, proc.stderr[-2000:]
     assert len(re.findall(r"\[\[\('(negative|neutral|positive)', 0\.\d+\)\]\]", proc.stdout)) == 1, proc.stdout
