@@ -200,7 +200,7 @@ def _supervise(conn: socket.socket, request: dict, fds: list[int], base_env: dic
     import fcntl
 
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    targets = request.get("fds", [0, 1, 2])[:len(fds)]
+    targets = request["fds"][:len(fds)]
     floor = max([*targets, 2]) + 1  # above every target, so moving one never overwrites another
     kept = fcntl.fcntl(conn.fileno(), fcntl.F_DUPFD_CLOEXEC, floor)
     conn.close()
@@ -214,9 +214,7 @@ def _supervise(conn: socket.socket, request: dict, fds: list[int], base_env: dic
     status = 1
     try:
         args = request["argv"]
-        server_limits = _limits()
-        real = _needs_real_interpreter(args, request["env"], base_env) or any(
-            value != server_limits[name] for name, value in request["limits"].items() if name != "RLIMIT_NOFILE")
+        real = _needs_real_interpreter(args, request, base_env)
         pid = os.fork()
         if pid == 0:
             conn.close()
@@ -262,9 +260,12 @@ def _wait(pid: int, conn: socket.socket) -> int:
     return os.waitstatus_to_exitcode(wait_status)
 
 
-def _needs_real_interpreter(args: list[str], env: dict, base_env: dict) -> bool:
+def _needs_real_interpreter(args: list[str], request: dict, base_env: dict) -> bool:
     _, rest = _split_flags(args)
-    if _differs_at_import(env, base_env) or not rest:  # not rest: an interactive interpreter
+    if _differs_at_import(request["env"], base_env) or not rest:  # not rest: an interactive interpreter
+        return True
+    server_limits = _limits()  # the descriptor limit is set in the fork; another one would need fresh imports
+    if any(value != server_limits[name] for name, value in request["limits"].items() if name != "RLIMIT_NOFILE"):
         return True
     return rest[0].startswith("-") and rest[0] not in ("-m", "-c", "-")
 
