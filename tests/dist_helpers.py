@@ -45,6 +45,14 @@ def _entry(fn: Callable[..., Any], rank: int, world: int, port: int, out: str, a
         pass
 
 
+def accelerate_launch(world: int) -> list[str]:
+    """The arguments after ``python`` that ``accelerate launch`` ``world`` CPU processes on this machine: accelerate's
+    ``--cpu`` runs several processes only through mpirun; ``--multi_gpu`` goes through torchrun, which on a machine
+    without CUDA gives CPU ranks (flodl-hf then picks gloo)."""
+    return ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(world), "--num_machines", "1",
+            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
+
+
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 120.0,
               env: Optional[dict] = None) -> list[tuple[str, Any]]:
     """Run ``fn(rank, world, *args)`` on the session's ``world`` persistent ranks; ``[(status, value), ...]`` by

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import tiny_models
 import trainer_runs
+from dist_helpers import accelerate_launch
 
 from flodl_hf.distributed.launch import free_port
 from warm_python import python_command, torchrun_command
@@ -40,10 +41,8 @@ def _launch(launcher: str, model: Path, out: Path, *extra: str) -> tuple[str, di
               "--batch-size", str(BATCH), "--output-dir", str(out), *extra]
     if launcher == "torchrun":  # torchrun and its workers on the warm interpreter (tests/warm_python.py)
         cmd = torchrun_command(["--nproc-per-node", str(WORLD), "--master-port", str(free_port())], *script)
-    else:  # accelerate's --multi_gpu goes through torchrun: on a machine without CUDA, CPU ranks over gloo
-        cmd = python_command("-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(WORLD),
-                             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                             "--main_process_port", str(free_port()), *script)
+    else:
+        cmd = python_command(*accelerate_launch(WORLD), *script)
     proc = subprocess.run(cmd, check=False, env=trainer_runs.env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     found = ACCURACY.findall(proc.stdout)

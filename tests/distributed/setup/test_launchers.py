@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import tiny_models
+from dist_helpers import accelerate_launch
 from flodl_hf.distributed.launch import free_port
 from warm_python import python_command, torchrun_command
 
@@ -96,11 +97,7 @@ def test_two_nodes_on_localhost(tiny_job):
 
 
 def test_accelerate_launch_two_cpu_processes(tiny_job):
-    # accelerate's --cpu flag runs multi-process only through mpirun; --multi_gpu goes through torchrun, which on
-    # a machine without CUDA gives CPU ranks (flodl-hf then picks gloo).
-    cmd = python_command("-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), str(QUICKSTART), *tiny_job)
+    cmd = python_command(*accelerate_launch(2), str(QUICKSTART), *tiny_job)
     proc = _run(cmd, _env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     _fingerprints(proc.stdout, world=2)

@@ -294,6 +294,7 @@ def _setup_loop(page: str) -> Block:
 def test_the_setup_loop_runs_as_written_on_two_cpu_ranks(page, launcher, block_env, tmp_path):
     # The rows of the page's table this machine can run: FLODL_HF_DEVICES=cpu,cpu python train.py, torchrun
     # --nproc-per-node 2 train.py, accelerate launch --multi_gpu --num_processes 2 train.py (CPU ranks here).
+    from dist_helpers import accelerate_launch
     from flodl_hf.distributed.launch import free_port
 
     script = tmp_path / "train.py"
@@ -304,9 +305,7 @@ def test_the_setup_loop_runs_as_written_on_two_cpu_ranks(page, launcher, block_e
     elif launcher == "torchrun":
         command = block_env.warm.torchrun(["--nproc-per-node", "2", "--master-port", str(free_port())], str(script))
     else:
-        command = [*block_env.python, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                   "--main_process_port", str(free_port()), str(script)]
+        command = [*block_env.python, *accelerate_launch(2), str(script)]
     proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=540)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "flodl-hf: 2 ranks" in proc.stderr, proc.stderr[-2000:]
