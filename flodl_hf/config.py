@@ -86,7 +86,13 @@ class DdpConfig:
     """Initial El Che window length in micro-batches (default 1)."""
 
     max_anchor: Optional[int] = None
-    """Upper bound of the auto-tuned anchor (default 8). ``0`` disables El Che: equal split, sync every step."""
+    """The longest window El Che may choose, in micro-batches per rank per optimizer step. None (the default): the
+    window never grows past ``anchor`` (1 unless set), so every optimizer step averages the batch the loop's data
+    loader defines (one micro-batch per rank), at any load; El Che still balances the split between ranks, which
+    leaves the batch unchanged. ``N > 1`` is an opt-in trade: **fewer synchronisations for a larger, varying
+    effective batch** (El Che lengthens the window when synchronising costs more than computing and the gradient
+    is noisy; the LR schedule still counts micro-steps, so it ends on the last sample). ``0`` disables El Che:
+    equal split, sync every step."""
 
     speed_hint: Optional[tuple[int, float]] = None
     """``(slow_rank, ratio)``: the other ranks are ``ratio`` (>= 1) times faster than ``slow_rank``. Seeds the
@@ -109,7 +115,7 @@ class DdpConfig:
     fixed_anchor: Optional[int] = None
     """Keep El Che's window at exactly this many micro-batches, so every optimizer step averages
     ``fixed_anchor x world_size x batch_size`` samples (a constant effective batch); El Che still balances the
-    split between ranks. None: the anchor adapts within [1, max_anchor]."""
+    split between ranks. None: the window stays within [1, max_anchor] (by default at 1)."""
 
     max_micro_batch: Optional[int | Sequence[int] | str] = None
     """Memory cap: the most samples one rank's micro-batch may hold (one int for every rank, or one per rank).
@@ -197,8 +203,13 @@ class DdpConfig:
                            "use an integer >= 1 (samples per micro-batch), one such integer per rank, or 'auto'")
             if not isinstance(self.max_micro_batch, int):
                 self.max_micro_batch = caps
-        if self.max_anchor is not None and self.max_anchor < 0:
-            raise _bad("max_anchor", self.max_anchor, "use max_anchor >= 1, or 0 to disable El Che")
+        if self.max_anchor is not None and (not isinstance(self.max_anchor, int) or isinstance(self.max_anchor, bool)
+                                            or self.max_anchor < 0):
+            raise _bad("max_anchor", self.max_anchor, "use an integer max_anchor >= 1, or 0 to disable El Che")
+        if self.anchor is not None and self.max_anchor and self.anchor > self.max_anchor:
+            raise _bad("anchor", self.anchor, f"it exceeds max_anchor={self.max_anchor}: lower anchor or raise "
+                       "max_anchor")
+        self._check_window_options()
         if self.speed_hint is not None:
             if len(self.speed_hint) != 2:
                 raise _bad("speed_hint", self.speed_hint, "give (slow_rank, ratio), e.g. (1, 2.5)")
@@ -234,10 +245,39 @@ class DdpConfig:
         if not isinstance(self.overlap, bool):
             raise _bad("overlap", self.overlap, "use True (reduce during backward) or False (after it)")
 
+    def window_bound(self) -> int:
+        """The longest El Che window this config allows, in micro-batches (0: El Che off)."""
+        if self.fixed_anchor is not None:
+            return int(self.fixed_anchor)
+        if self.max_anchor is not None:
+            return int(self.max_anchor)
+        return max(1, int(self.anchor or 1))
+
+    def _check_window_options(self) -> None:
+        """Refuse a setting that only acts on a window longer than one micro-batch when no such window is allowed:
+        it would be ignored, and the user would believe it trained as asked."""
+        if self.replay_plan is not None or self.window_bound() != 1:
+            return
+        opt_in = ("set max_anchor=N as well (e.g. 8; CLI --max-anchor N), the opt-in that trades a larger, varying "
+                  "effective batch for fewer synchronisations, or fixed_anchor=N (CLI --fixed-anchor N) for a "
+                  "constant batch of N micro-batches per rank")
+        if self.overhead_target is not None:
+            raise _bad("overhead_target", self.overhead_target,
+                       "it lengthens El Che's window, but this config keeps every optimizer step at the batch the loop "
+                       f"asked for (one micro-batch per rank, the default): {opt_in}")
+        if self.anchor_rule != "goodput":
+            raise _bad("anchor_rule", self.anchor_rule,
+                       "it chooses El Che's window length, but this config keeps every optimizer step at the batch the "
+                       f"loop asked for (one micro-batch per rank, the default): {opt_in}")
+        if self.lr_scaling != "none":
+            raise _bad("lr_scaling", self.lr_scaling,
+                       "it scales the LR of windows longer than one micro-batch, but this config keeps every optimizer "
+                       f"step at the batch the loop asked for (one micro-batch per rank, the default): {opt_in}")
+
     def el_che_kwargs(self, world: int, batch_size: int, probed: Optional[Sequence[int]] = None) -> dict:
         """The El Che settings of this config for ``world`` ranks of ``batch_size`` (checked here, where the
         message can name the DdpConfig field). ``probed``: the caps ``max_micro_batch="auto"`` found."""
-        kwargs: dict = {"anchor": self.anchor, "max_anchor": self.max_anchor, "overhead_target": self.overhead_target,
+        kwargs: dict = {"anchor": self.anchor, "max_anchor": self.window_bound(), "overhead_target": self.overhead_target,
                         "anchor_rule": self.anchor_rule, "lr_scaling": self.lr_scaling,
                         "batch_sizes": list(self.batch_sizes) if self.batch_sizes is not None else None}
         if self.fixed_anchor is not None:

@@ -154,3 +154,8 @@ def _announce(ctx: Any, config: DdpConfig) -> None:
     el_che_on = config.max_anchor != 0
     print_diagnostic(diagnostic_line(devices, descriptions, threads=torch.get_num_threads(),
                                      simulate_speeds=config.simulate_speeds, el_che=el_che_on))
+    bound = config.window_bound()
+    if ctx.world_size > 1 and config.fixed_anchor is None and config.replay_plan is None and bound > 1:
+        print_diagnostic(f"flodl-hf: El Che may average up to {bound} micro-batches per rank in one optimizer step "
+                         f"(max_anchor={bound}): fewer synchronisations for a larger, varying effective batch; "
+                         "fixed_anchor=N keeps it constant")

@@ -251,6 +251,7 @@ def run_case_on_rank(rank: int, world: int, case: dict) -> dict:
     graph = Graph(build(case, seed_offset=rank))  # rank 0's weights must win (setup broadcasts them)
     cfg = DdpConfig(verbose=False, timeout_s=60, seed=case["seed"], drop_last=case["drop_last"],
                     max_grad_norm=case["clip"], anchor=case["anchor"] if world > 1 else None,
+                    max_anchor=8 if world > 1 else None,  # windows of 1-8: the opt-in to longer windows
                     batch_sizes=None if case["adaptive"] or world == 1 else case["sizes"],
                     freeze_plan=not case["adaptive"], overlap=case["overlap"], bucket_mb=case["bucket_mb"],
                     lr_scaling=case.get("lr_scaling", "none"))

@@ -126,8 +126,10 @@ def setup_rank(rank: int, world: int, spec: RunSpec, wspec: WorkloadSpec) -> dic
     fixed = {"fixed_anchor": 1} if spec.mode == "elche-anchor1" else {}
     if spec.mode == "elche-adascale":
         rule = {"lr_scaling": "adascale"}
+    # The throughput rule and AdaScale act on windows longer than one micro-batch: they need room to grow.
+    room = 8 if spec.mode in ("elche-throughput", "elche-adascale") else None
     config = DdpConfig(devices=list(spec.devices), seed=spec.seed, verbose=False, timeout_s=spec.timeout_s,
-                       max_anchor=0 if spec.mode == "setup-sync" else spec.max_anchor,
+                       max_anchor=0 if spec.mode == "setup-sync" else (spec.max_anchor or room),
                        simulate_sync=spec.sync_stretch, **rule, **fixed)
     graph = Graph(workload.build("cpu"))
     Trainer.setup_with(graph, lambda dev: dm.attach(workload.build(dev)), workload.optimizer, config)

@@ -127,13 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="RANK is RATIO (>= 1) times slower than the others; seeds El Che's split until measured")
     multi.add_argument("--overhead-target", type=overhead, default=None, metavar="F",
                        help="ceiling of synchronisation / compute time, in [0.01, 0.5]: El Che lengthens its window "
-                            "until sync fits (default: none with the goodput rule, 0.1 with the throughput rule)")
+                            "until sync fits, up to --max-anchor (default: none with the goodput rule, 0.1 with the "
+                            "throughput rule)")
     multi.add_argument("--anchor-rule", choices=("goodput", "throughput"), default="goodput",
                        help="how El Che sizes its window: goodput (throughput x statistical efficiency from the "
                             "gradient noise scale; default) or throughput (fewest syncs meeting --overhead-target)")
     multi.add_argument("--fixed-anchor", type=int_at_least(1), default=None, metavar="A",
                        help="average exactly A micro-steps per optimizer step (a constant effective batch of "
-                            "A x devices x batch size); default: El Che adapts A")
+                            "A x devices x batch size); default: 1, the batch --batch-size asks for")
+    multi.add_argument("--max-anchor", type=int_at_least(1), default=None, metavar="N",
+                       help="opt-in trade: let El Che average up to N micro-steps per optimizer step when "
+                            "synchronising costs more than computing (fewer synchronisations for a larger, varying "
+                            "effective batch; the LR schedule still ends on the last sample). Needed by "
+                            "--overhead-target, --anchor-rule throughput and --lr-scaling adascale")
     multi.add_argument("--lr-scaling", choices=("none", "adascale"), default="none",
                        help="none (default): the learning rate is yours and El Che never changes it. adascale: when "
                             "El Che's window averages more than one micro-step, its step's LR is multiplied by "

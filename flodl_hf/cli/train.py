@@ -43,6 +43,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
                          early_stopping_patience=args.early_stopping_patience, report_to=args.report_to,
                          speed_hint=args.speed_hint, overhead_target=args.overhead_target,
                          anchor_rule=args.anchor_rule, fixed_anchor=args.fixed_anchor, lr_scaling=args.lr_scaling,
+                         max_anchor=args.max_anchor,
                          replay_plan=args.replay_plan,
                          max_micro_batch=args.max_micro_batch)
 

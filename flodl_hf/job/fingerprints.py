@@ -39,7 +39,8 @@ FINGERPRINT_KEY = "fingerprints"
 CHANGEABLE = frozenset({
     "model", "data", "eval_data", "lr", "output_dir", "overwrite", "devices", "progress", "eval_batch_size",
     "checkpoint_every", "checkpoint_dir", "keep_checkpoint", "resume", "report_to", "speed_hint",
-    "overhead_target", "anchor_rule", "fixed_anchor", "lr_scaling", "replay_plan", "max_micro_batch", "extra", "task"})
+    "overhead_target", "anchor_rule", "fixed_anchor", "max_anchor", "lr_scaling", "replay_plan", "max_micro_batch",
+    "extra", "task"})
 _MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
                 "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "spm.model",

@@ -228,7 +228,11 @@ class TrainSettings:
     anchor_rule: str = "goodput"
     """DdpConfig.anchor_rule: ``goodput`` (default) or ``throughput``."""
     fixed_anchor: Optional[int] = None
-    """DdpConfig.fixed_anchor: micro-steps per optimizer step, constant (None: El Che adapts it)."""
+    """DdpConfig.fixed_anchor: micro-steps per optimizer step, constant (None: 1, unless ``max_anchor`` lets El Che
+    lengthen it)."""
+    max_anchor: Optional[int] = None
+    """DdpConfig.max_anchor: the opt-in that lets El Che average up to this many micro-steps per optimizer step
+    (fewer synchronisations for a larger, varying batch); None: every step averages one micro-step per rank."""
     lr_scaling: str = "none"
     """DdpConfig.lr_scaling: ``none`` (default: the LR is the user's) or ``adascale`` (opt-in)."""
     replay_plan: Optional[str] = None
@@ -329,6 +333,7 @@ class TrainSettings:
         """The engine configuration of this job."""
         return DdpConfig(seed=self.seed, devices=self.devices, precision=self.precision, verbose=True,
                          speed_hint=self.speed_hint, overhead_target=self.overhead_target, anchor_rule=self.anchor_rule,
-                         fixed_anchor=self.fixed_anchor, max_micro_batch=self.max_micro_batch,
+                         fixed_anchor=self.fixed_anchor, max_anchor=self.max_anchor,
+                         max_micro_batch=self.max_micro_batch,
                          max_grad_norm=self.clip_norm, lr_scaling=self.lr_scaling,
                          replay_plan=None if self.replay_plan is None else read_plan(self.replay_plan))

@@ -35,7 +35,7 @@ def _mlp() -> torch.nn.Module:
 
 def _config(overlap: bool) -> DdpConfig:
     return DdpConfig(verbose=False, timeout_s=20, overlap=overlap, bucket_mb=TINY_BUCKETS, anchor=1,
-                     freeze_plan=True)
+                     max_anchor=2, freeze_plan=True)
 
 
 def _collate(items: list) -> tuple[torch.Tensor, torch.Tensor]:

@@ -102,6 +102,10 @@ def overhead_target_out_of_range(tmp, ckpt):
     return ["--model", ckpt("bert"), "--data", toy_csv(tmp), "--overhead-target", "0.9"]
 
 
+def overhead_target_without_room(tmp, ckpt):
+    return ["--model", ckpt("bert"), "--data", toy_csv(tmp), "--overhead-target", "0.2"]
+
+
 def foreign_output_dir(tmp, ckpt):
     (tmp / "out").mkdir()
     (tmp / "out" / "notes.txt").write_text("keep me")
@@ -145,6 +149,8 @@ CASES: list[tuple[str, Callable, int, tuple[str, ...]]] = [
      ("argument --speed-hint: ratio 0.5 in '1:0.5' must be >= 1", "name the slower rank")),
     ("overhead target out of range", overhead_target_out_of_range, 2,
      ("argument --overhead-target: 0.9 is out of range", "in [0.01, 0.5]")),
+    ("overhead target without --max-anchor", overhead_target_without_room, 2,
+     ("DdpConfig.overhead_target=0.2 is invalid: it lengthens El Che's window", "CLI --max-anchor N")),
     ("output dir exists and is not ours", foreign_output_dir, 2,
      ("is not empty and was not written by flodl-hf", "choose another --output-dir")),
     ("resume from an incompatible checkpoint", incompatible_checkpoint, 2,

@@ -200,7 +200,7 @@ def test_ddp_config_anchor_rule_and_simulate_sync():
     kwargs = cfg.el_che_kwargs(2, 16)
     assert kwargs["anchor_rule"] == "goodput" and kwargs["overhead_target"] is None
     assert ElChe(2, batch_size=16, **kwargs).overhead_target is None
-    old = DdpConfig(anchor_rule="throughput")
+    old = DdpConfig(anchor_rule="throughput", max_anchor=8)
     assert ElChe(2, batch_size=16, **old.el_che_kwargs(2, 16)).overhead_target == 0.1
     with pytest.raises(ValueError, match=r"DdpConfig.anchor_rule='fastest' is invalid: use one of goodput, throughput"):
         DdpConfig(anchor_rule="fastest")
