@@ -193,6 +193,24 @@ class ElCheTrainer(Trainer):
         broadcast_module(model)
         return self.accelerator.prepare_model(model, evaluation_mode=True)
 
+    # -- evaluation --------------------------------------------------------------------------------------------
+    def prediction_step(self, model: torch.nn.Module, inputs: dict, prediction_loss_only: bool,
+                        ignore_keys: Any = None) -> tuple:
+        """Evaluate a batch as one process does: its loss over its own items, with no factor for the ranks.
+
+        With ``average_tokens_across_devices``, Trainer counts a batch's items over every rank and multiplies the
+        loss by the number of ranks, to cancel DDP's mean in training. In evaluation nothing is averaged, so a
+        model that takes ``**kwargs`` but computes its own mean (BERT's sequence classification) would report W
+        times its loss. Each rank's eval batch is one of the batches one process evaluates (accelerate deals them
+        out in turn), so the per-batch loss one process computes is the right one, and Trainer's mean over the
+        gathered batches is one process's ``eval_loss``."""
+        saved = self.args.average_tokens_across_devices
+        self.args.average_tokens_across_devices = False
+        try:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+        finally:
+            self.args.average_tokens_across_devices = saved
+
     # -- data --------------------------------------------------------------------------------------------------
     def _train_lengths(self, dataset: Any) -> list[int]:
         column = self.args.length_column_name
