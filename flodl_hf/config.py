@@ -64,23 +64,26 @@ class DdpConfig:
     environment, else ``$FLODL_HF_DEVICES``, else every visible GPU, else one CPU."""
 
     seed: int = 0
-    """Seed for data shuffling (permutation of epoch n uses ``seed + n``)."""
+    """Seed for data shuffling (permutation of epoch n uses ``seed + n``), unless ``graph.set_data_loader`` is given
+    the loop's own ``sampler``."""
 
     overhead_target: Optional[float] = None
     """Ceiling of El Che's synchronisation time / compute time, in [0.01, 0.5]. With the goodput rule it is a
     floor on the window that goodput may exceed (None, the default: no ceiling, goodput alone decides); with the
-    throughput rule it is the target (None: 0.10). See ``flodl_hf.elche.goodput``."""
+    throughput rule it is the target (None: 0.10). See ``flodl_hf.elche.goodput``. Acts on longer windows only, so
+    it needs ``max_anchor > 1`` (or ``fixed_anchor``)."""
 
     anchor_rule: str = "goodput"
     """How El Che chooses its window: ``goodput`` (throughput x statistical efficiency from the online gradient
-    noise scale) or ``throughput`` (the smallest window whose sync overhead meets ``overhead_target``; the rule
-    before issue 15)."""
+    noise scale) or ``throughput`` (the smallest window whose sync overhead meets ``overhead_target``). Either rule
+    chooses among windows up to ``max_anchor``: ``throughput`` needs ``max_anchor > 1``."""
 
     lr_scaling: str = "none"
     """``none`` (default): El Che never changes the learning rate. ``adascale`` (opt-in): when a window averages
     more than one micro-step, its step's LR is multiplied by AdaScale's gain (SGD) or its square root (Adam family),
     the LR schedule advances by the gain, and goodput rates a longer window accordingly (``flodl_hf.elche.lr_scaling``).
-    No effect on one device, or while the anchor stays 1."""
+    No effect on one device, or while the anchor stays 1, so ``adascale`` needs ``max_anchor > 1`` (or
+    ``fixed_anchor``)."""
 
     anchor: Optional[int] = None
     """Initial El Che window length in micro-batches (default 1)."""
@@ -277,7 +280,8 @@ class DdpConfig:
     def el_che_kwargs(self, world: int, batch_size: int, probed: Optional[Sequence[int]] = None) -> dict:
         """The El Che settings of this config for ``world`` ranks of ``batch_size`` (checked here, where the
         message can name the DdpConfig field). ``probed``: the caps ``max_micro_batch="auto"`` found."""
-        kwargs: dict = {"anchor": self.anchor, "max_anchor": self.window_bound(), "overhead_target": self.overhead_target,
+        kwargs: dict = {"anchor": self.anchor, "max_anchor": self.window_bound(),
+                        "overhead_target": self.overhead_target,
                         "anchor_rule": self.anchor_rule, "lr_scaling": self.lr_scaling,
                         "batch_sizes": list(self.batch_sizes) if self.batch_sizes is not None else None}
         if self.fixed_anchor is not None:

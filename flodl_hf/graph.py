@@ -13,13 +13,14 @@ import math
 import queue
 import threading
 from collections import deque
-from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence, runtime_checkable
 
 import torch
 
 from .config import DdpConfig
 from .elche.partition import LENGTH_GROUP, epoch_permutation, length_grouped, rank_slice, steps_per_epoch
 from .checkpoint.position import EpochPosition, segment, steps_left
+from .epoch_order import SamplerOrders
 
 __all__ = ["Graph", "HasGraph", "EpochPlan", "LOSS_REDUCTIONS"]
 
@@ -73,6 +74,7 @@ class Graph:
         self._batch_size: int = 0
         self._collate: Optional[Callable[[list], Any]] = None
         self._lengths: Optional[list[int]] = None  # per-sample lengths: batches grouped by length
+        self._orders: Any = None  # flodl_hf.epoch_order.SamplerOrders when the loop brought its own sampler
         self._seed: int = 0
         self._at: Optional[EpochPosition] = None  # how far graph.epoch()'s plan went, updated by step()
         self._resume: Optional[EpochPosition] = None  # where a loaded checkpoint continues
@@ -326,11 +328,15 @@ class Graph:
     # --- data ---------------------------------------------------------------------------------------------
     def set_data_loader(self, dataset: Sequence[Any], batch_size: int,
                         collate_fn: Optional[Callable[[list], Any]] = None, seed: Optional[int] = None,
-                        lengths: Optional[Sequence[int]] = None) -> None:
+                        lengths: Optional[Sequence[int]] = None, sampler: Optional[Iterable[Any]] = None) -> None:
         """Plan epochs over ``dataset`` (anything with ``len`` and ``[i]``).
 
         ``batch_size`` is per rank (the global batch is ``world_size * batch_size``; El Che may give faster ranks
         more of it). Each epoch is a permutation seeded by ``seed + epoch`` that is identical on every rank.
+        ``sampler``: the loop's own order instead, e.g. the ``RandomSampler(dataset, generator=g)`` its
+        ``DataLoader`` used: epoch ``n`` takes the sampler's ``n``-th pass, so one device trains exactly as that
+        ``DataLoader`` did (``flodl_hf.epoch_order``). Give every rank the same sampler, seeded alike; each pass
+        must yield every row once.
         ``lengths`` (one number per sample, e.g. text lengths): group batches by length (``partition.length_grouped``
         over runs of 50 batches), so little compute goes to padding; the same on every rank.
         """
@@ -349,6 +355,7 @@ class Graph:
                 raise ValueError(f"lengths must hold one integer >= 0 per sample ({n}); got {len(lengths)} values: "
                                  "pass e.g. [len(text) for text in texts], or None for no length grouping")
         self._lengths = lengths
+        self._orders = None if sampler is None else SamplerOrders(sampler, n)
         if self._runtime is None and self.config.max_micro_batch is not None:
             self.config.el_che_kwargs(self.world_size, batch_size)  # one device: refuses a cap below batch_size
         self._dataset = dataset
@@ -361,7 +368,8 @@ class Graph:
                 from .elche.memory_probe import probe_graph_caps
 
                 probe_graph_caps(self, dataset, batch_size, collate_fn)
-            self._runtime.plan_data = (len(dataset), int(self._seed or 0) % (1 << 24))
+            order_key = self._orders.digest() if self._orders is not None else int(self._seed or 0) % (1 << 24)
+            self._runtime.plan_data = (len(dataset), order_key)
             self._runtime.set_batch_size(batch_size)
         if self._resume_steps is not None:
             self.resume_from(self._resume_steps)
@@ -389,6 +397,25 @@ class Graph:
         if self._dataset is None:
             raise RuntimeError("no data: call graph.set_data_loader(dataset, batch_size, collate_fn) before "
                                "graph.epoch(n)")
+
+    def gather_predictions(self, dataset: Sequence[Any], predict: Callable[[Any], Any], batch_size: int,
+                           collate_fn: Optional[Callable[[list], Any]] = None) -> Any:
+        """Evaluate ``dataset`` once over all ranks: every rank gets every row's prediction, in dataset order.
+
+        Each rank runs ``predict(batch)`` on a contiguous slice of the rows (batches of ``batch_size``, collated by
+        ``collate_fn``), with the module in eval mode and no gradients (its mode is restored after), and the
+        slices are gathered. ``predict`` returns a tensor whose first dimension is the batch's rows, or a list
+        with one entry per row. The result is a tensor when every row's entry is a tensor of one shape, else a
+        list. On one device it is the plain loop. Call it on every rank with the same dataset."""
+        from .distributed.predictions import gather_predictions
+
+        group = None
+        if self._runtime is not None:
+            from .distributed.context import side_group
+
+            group = side_group()
+        return gather_predictions(self.module, dataset, predict, batch_size, collate_fn, self.rank, self.world_size,
+                                  group)
 
     def plan(self, n: int) -> "EpochPlan":
         """This rank's index lists for epoch ``n``, as a batch sampler:
@@ -482,7 +509,7 @@ class Graph:
         if seg is None:
             return  # finished before the checkpoint
         self._resume = None
-        perm = epoch_permutation(total, self._seed + n)
+        perm = self._orders.order(n) if self._orders is not None else epoch_permutation(total, self._seed + n)
         if self._lengths is not None:
             perm = length_grouped(perm, self._lengths, LENGTH_GROUP * self._batch_size)
         runtime = self._runtime

@@ -57,10 +57,12 @@ def agree(m: torch.Tensor, world: int, rank: int, window_index: int, own_flag: f
                                "speed itself; DdpConfig(batch_sizes=[...]) fixes a split by hand)")
     rows, seeds = [int(x) for x in _slot(m, world, _ROWS)], [int(x) for x in _slot(m, world, _SEED)]
     if len(set(rows)) != 1 or len(set(seeds)) != 1:
-        what = f"datasets of {rows} rows" if len(set(rows)) != 1 else f"plan seeds {seeds} (mod 2**24)"
+        what = (f"datasets of {rows} rows" if len(set(rows)) != 1
+                else f"plan seeds or sampler orders {seeds} (mod 2**24)")
         raise DistributedError(f"ranks gave graph.set_data_loader {what}: every rank must pass the same dataset "
-                               "(same rows, same order) and the same seed, and graph.epoch() gives each rank its "
-                               "own disjoint share; do not shard or shuffle the data per rank yourself")
+                               "(same rows, same order) and the same seed or a sampler seeded alike, and "
+                               "graph.epoch() gives each rank its own disjoint share; do not shard or shuffle the "
+                               "data per rank yourself")
     ahead = [int(x) for x in _slot(m, world, _AHEAD)]
     if len(set(ahead)) != 1:
         extra = max(range(world), key=lambda q: ahead[q])

@@ -339,7 +339,7 @@ def _plan_rank(rank: int, world: int, what: str):
 @pytest.mark.parametrize("what,expect", [
     ("batch", "different batch sizes [4, 2]"),
     ("rows", "datasets of [48, 40] rows"),
-    ("seed", "plan seeds [0, 1]"),
+    ("seed", "plan seeds or sampler orders [0, 1]"),
 ])
 def test_ranks_with_different_data_plans_stop_before_any_update(what, expect):
     """A natural reflex on mixed devices (a smaller batch on the slower one), a rank-local shard or seed would make

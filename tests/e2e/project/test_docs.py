@@ -58,7 +58,7 @@ SKIP_TAGS = {
 }
 #: Pages whose blocks train through the command line many times or start several ranks: a longer timeout.
 LONG_PAGES = {"README.md", "docs/cli.md", "docs/tasks.md", "docs/setup-mode.md", "docs/exactness.md",
-              "docs/builder.md", "docs/trainer.md"}
+              "docs/builder.md", "docs/trainer.md", "docs/porting.md"}
 #: What the blocks' working directory links from the checkout.
 LINKED = ("examples", "benchmarks")
 #: Launcher variables that must not leak from the test's environment into a block.

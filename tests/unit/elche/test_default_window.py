@@ -62,3 +62,16 @@ def test_anchor_above_max_anchor_is_refused():
         DdpConfig(anchor=4, max_anchor=2)
     with pytest.raises(ValueError, match=r"DdpConfig\.max_anchor=1\.5 is invalid"):
         DdpConfig(max_anchor=1.5)
+
+
+def test_the_cli_opt_in_reaches_the_engine_config():
+    from flodl_hf import cli
+
+    parser = cli.build_parser()
+    default = cli.settings_from_args(parser.parse_args(["train"])).ddp_config()
+    assert default.max_anchor is None and default.window_bound() == 1
+    opted = cli.settings_from_args(parser.parse_args(["train", "--max-anchor", "4", "--overhead-target", "0.2",
+                                                      "--anchor-rule", "throughput"])).ddp_config()
+    assert opted.window_bound() == 4 and opted.overhead_target == 0.2 and opted.anchor_rule == "throughput"
+    with pytest.raises(ValueError, match=r"DdpConfig\.anchor_rule='throughput' is invalid: .*CLI --max-anchor N"):
+        cli.settings_from_args(parser.parse_args(["train", "--anchor-rule", "throughput"]))
