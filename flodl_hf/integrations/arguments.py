@@ -10,7 +10,7 @@ from __future__ import annotations
 import numbers
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["MIN_TRANSFORMERS", "ElCheArguments", "check_trainer"]
 
@@ -28,10 +28,17 @@ class ElCheArguments:
     until the first measurement replaces it. ``batch_sizes=[b_0, ..., b_{W-1}]``: pin each global micro-batch's split
     (El Che stops adapting; the run repeats exactly whatever the machine's load). The effective batch is never
     changed: it stays ``per_device_train_batch_size x world size x gradient_accumulation_steps``.
+
+    ``loss_items=fn``: what the loss of a collated batch is a mean over, ``fn(batch) -> float``, when it is not the
+    batch's samples or labelled items, e.g. the sum of the class weights of its labelled rows for a class-weighted
+    cross-entropy (whose mean divides by that sum). Each rank's part of a micro-batch is then weighted by its share
+    of the micro-batch's total, so the update is exactly one process's on the whole micro-batch, as setup mode's
+    ``graph.loss_items`` does.
     """
 
     speed_hint: tuple[int, float] | None = None
     batch_sizes: list[int] | None = None
+    loss_items: Callable[[Any], float] | None = None
 
     def __post_init__(self) -> None:
         hint = self.speed_hint
@@ -46,6 +53,10 @@ class ElCheArguments:
                                   or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in sizes)):
             raise ValueError(f"ElCheArguments(batch_sizes={sizes!r}) is invalid: give one int >= 1 per rank, "
                              "e.g. batch_sizes=[12, 4]")
+        if self.loss_items is not None and not callable(self.loss_items):
+            raise ValueError(f"ElCheArguments(loss_items={self.loss_items!r}) is invalid: give a function of a "
+                             "collated batch returning what its loss is a mean over, e.g. loss_items=lambda batch: "
+                             "float(class_weights[batch['labels']].sum())")
         if sizes is not None and hint is not None:
             raise ValueError("ElCheArguments: speed_hint and batch_sizes both set: a pinned split needs no hint, "
                              "keep one of them")
@@ -105,6 +116,10 @@ def check_trainer(trainer: Any) -> None:
     world = args.world_size
     if world == 1:
         return  # one process: El Che has nothing to split, so its settings do not apply (the same script runs)
+    if getattr(args, "neftune_noise_alpha", None) is not None:
+        _refuse("neftune_noise_alpha", args.neftune_noise_alpha, f"on {world} ranks: NEFTune scales its noise by each "
+                "batch's padded shape, and each rank draws it for its own share, so the update would not be one "
+                "process's", "train with NEFTune on one process, or with transformers.Trainer on N ranks")
     if sizes is not None and len(sizes) != world:
         _refuse("ElCheArguments.batch_sizes", sizes, f"has {len(sizes)} entries for {world} ranks",
                 f"give one size per rank summing to {args.per_device_train_batch_size * world}")

@@ -113,6 +113,8 @@ class _Part:
     samples: int
     total_samples: float | None
     window: int
+    declared: float | None = None  # ElCheArguments.loss_items of this part, and of the whole micro-batch
+    total_declared: float | None = None
 
 
 class ElCheTrainer(Trainer):
@@ -303,6 +305,18 @@ class ElCheTrainer(Trainer):
             labels = batch["labels"]
         return int(labels.ne(-100).sum())
 
+    def _declared(self, batch: Any) -> float:
+        """``ElCheArguments.loss_items(batch)``: what this batch's loss is a mean over (checked)."""
+        value = self.elche_args.loss_items(batch)
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = float("nan")
+        if not (number >= 0 and number != float("inf")):
+            raise ValueError(f"ElCheArguments.loss_items returned {value!r} for a batch: return a finite number "
+                             ">= 0, what the batch's loss is a mean over (e.g. the sum of its class weights)")
+        return number
+
     @staticmethod
     def _samples(batch: Any) -> int:
         for value in batch.values():
@@ -323,33 +337,49 @@ class ElCheTrainer(Trainer):
             return batches, self._get_num_items_in_batch(batches, device)
         items = [self._items(b) for b in batches]
         samples = [self._samples(b) for b in batches]
+        declared = [self._declared(b) for b in batches] if self.elche_args.loss_items is not None else None
         n = len(batches)
         counted = bool(batches) and "labels" in batches[0] and (
             self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
         if n == 1:
             # A one-micro-batch window has one denominator, so it can ride with the gradients (no collective here):
             # each rank back-propagates its loss *sum* and the reduced gradient is divided by the summed count.
-            self._elche_queue.append(_Part(weights[0], items[0], None, samples[0], None, 1))
+            self._elche_queue.append(_Part(weights[0], items[0], None, samples[0], None, 1,
+                                           declared[0] if declared else None))
             return batches, None
         local = [w * (i or 0) for w, i in zip(weights, items)] + [w * s for w, s in zip(weights, samples)]
+        local += [w * d for w, d in zip(weights, declared)] if declared else []
         counts = torch.tensor(local, dtype=torch.float64, device=self.args.device)
         dist.all_reduce(counts)
-        totals, sample_totals = counts[:n].tolist(), counts[n:].tolist()
+        totals, sample_totals = counts[:n].tolist(), counts[n:2 * n].tolist()
+        declared_totals = counts[2 * n:].tolist() if declared else None
         for k in range(n):
-            self._elche_queue.append(_Part(weights[k], items[k], totals[k], samples[k], sample_totals[k], n))
+            self._elche_queue.append(_Part(weights[k], items[k], totals[k], samples[k], sample_totals[k], n,
+                                           declared[k] if declared else None,
+                                           declared_totals[k] if declared_totals else None))
         if not counted:
             return batches, None
         return batches, torch.tensor(sum(totals), device=device) / 1  # the float tensor one process passes
 
+    def compute_loss(self, model: torch.nn.Module, inputs: dict, return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
+        """Trainer's loss, without the factor of the world size it multiplies by to cancel DDP's mean.
+
+        There is no DDP here: each rank's part of the loss is scaled to its share of one process's loss in
+        ``training_step``. Taking the factor out where Trainer puts it in, rather than dividing by it afterwards,
+        keeps a subclass's own loss right: an override that never calls ``super()`` (its own mean, e.g. with class
+        weights) was never multiplied, and a penalty added to ``super()``'s loss is one process's penalty. On one
+        process the factor is 1: nothing changes."""
+        saved = self.args.average_tokens_across_devices
+        self.args.average_tokens_across_devices = False
+        try:
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+        finally:
+            self.args.average_tokens_across_devices = saved
+
     def _counted(self, inputs: Any) -> bool:
         return "labels" in inputs and (self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
-
-    def _trainer_factor(self, num_items: Any) -> int:
-        """The factor Trainer's ``compute_loss`` multiplies by to cancel DDP's mean (there is no DDP here)."""
-        if self.args.average_tokens_across_devices and num_items is not None and (
-                self.model_accepts_loss_kwargs or self.compute_loss_func is not None):
-            return self.accelerator.num_processes // self.get_tp_size()
-        return 1
 
     def _scaled_for_ga(self, num_items: Any) -> bool:
         if getattr(self, "loss_is_scaled_for_ga", None) is not None:
@@ -366,6 +396,8 @@ class ElCheTrainer(Trainer):
             self.optimizer.train()
         deferred = part.total_samples is None
         denominator = part.samples if part.items is None else part.items
+        if part.declared is not None:
+            denominator = part.declared
         if deferred and self._counted(inputs) and part.items is not None:
             # this rank's own count: the loss comes back as a mean over it, whether or not the model uses it
             num_items_in_batch = torch.tensor(float(max(part.items, 1)), device=self.args.device)
@@ -380,7 +412,7 @@ class ElCheTrainer(Trainer):
             self._elche_honors_items = loss.requires_grad and _depends_on(loss, probe)
         del inputs
         if deferred:
-            loss = loss / self._trainer_factor(num_items_in_batch) * float(denominator)  # this rank's loss sum
+            loss = loss * float(denominator)  # this rank's loss sum
         else:
             loss = self._contribution(loss, num_items_in_batch, part)
         counts = bool(part.weight and denominator)
@@ -401,8 +433,9 @@ class ElCheTrainer(Trainer):
 
     def _contribution(self, loss: torch.Tensor, num_items: Any, part: _Part) -> torch.Tensor:
         """This rank's part of the loss one process computes for the whole micro-batch (summed over ranks)."""
-        loss = loss / self._trainer_factor(num_items)
-        if not (num_items is not None and self._elche_honors_items):
+        if part.declared is not None:  # a mean over what ElCheArguments.loss_items declared: weigh by its share
+            loss = loss * (part.declared / part.total_declared) if part.total_declared else loss * 0.0
+        elif not (num_items is not None and self._elche_honors_items):
             # the loss is a mean over this rank's own items (or samples): weigh it by its share of the micro-batch
             if part.items is not None:
                 loss = loss * (part.items / part.total_items) if part.total_items > 0 else loss * 0.0

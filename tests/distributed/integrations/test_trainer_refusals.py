@@ -65,6 +65,7 @@ def test_iterable_train_set_refused(tmp_path):
     ({"speed_hint": 2.0}, "speed_hint=2.0"),
     ({"batch_sizes": [4, 0]}, "batch_sizes=[4, 0]"),
     ({"batch_sizes": [4, 4], "speed_hint": (1, 2.0)}, "speed_hint and batch_sizes"),
+    ({"loss_items": 3.0}, "loss_items=3.0) is invalid: give a function of a collated batch"),
 ])
 def test_el_che_arguments_refused(kw, named):
     with pytest.raises(ValueError) as excinfo:
@@ -108,6 +109,22 @@ def _on_two_ranks(rank: int, world: int, out: str) -> list[str]:
         except ValueError as exc:
             messages.append(str(exc))
     return messages
+
+
+def _neftune_on_two_ranks(rank: int, world: int, out: str) -> str:
+    args = TrainingArguments(output_dir=out, use_cpu=True, report_to=[], per_device_train_batch_size=4, max_steps=1,
+                             neftune_noise_alpha=5.0)
+    try:
+        ElCheTrainer(model=_model(), args=args, train_dataset=_Rows())
+    except ValueError as exc:
+        return str(exc)
+    return "accepted"
+
+
+def test_neftune_on_several_ranks_is_refused_at_construction(tmp_path):
+    for _, text in run_ranks(_neftune_on_two_ranks, 2, str(tmp_path / "out"), timeout=120):
+        assert "neftune_noise_alpha=5.0 on 2 ranks" in text and "transformers.Trainer" in text, text
+        assert "\n" not in text
 
 
 def test_el_che_settings_that_do_not_fit_the_ranks(tmp_path):

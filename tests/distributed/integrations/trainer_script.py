@@ -116,6 +116,39 @@ def summed_loss(outputs, labels, num_items_in_batch=None):
     return loss / num_items_in_batch
 
 
+CLASS_WEIGHTS = torch.tensor([0.5, 1.0, 2.0])
+
+
+def weighted_items(batch: dict) -> float:
+    """What a class-weighted cross-entropy's mean divides by: the class weights of the batch's labelled items."""
+    labels = batch["labels"]
+    return float(CLASS_WEIGHTS[labels[labels != -100]].sum())
+
+
+def overriding(base: type, how: str) -> type:
+    """``base`` with the ``compute_loss`` override people write: ``mean`` (their own mean cross-entropy, without
+    ``super()``: the usual way to change the loss), ``weighted`` (the same with class weights, declared to
+    ElCheTrainer with ``ElCheArguments(loss_items=weighted_items)``) or ``penalty`` (``super()``'s loss plus an L2
+    penalty)."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if how == "penalty":
+            out = base.compute_loss(self, model, inputs, return_outputs=return_outputs,
+                                    num_items_in_batch=num_items_in_batch)
+            loss, outputs = out if return_outputs else (out, None)
+            loss = loss + 1e-2 * sum(p.pow(2).sum() for p in model.parameters() if p.requires_grad)
+            return (loss, outputs) if return_outputs else loss
+        labels = inputs["labels"]
+        outputs = model(**{k: v for k, v in inputs.items() if k != "labels"})
+        logits = outputs["logits"]
+        weight = CLASS_WEIGHTS.to(logits.device) if how == "weighted" else None
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                                 weight=weight, ignore_index=-100)
+        return (loss, outputs) if return_outputs else loss
+
+    return type(f"{how.title()}{base.__name__}", (base,), {"compute_loss": compute_loss})
+
+
 def model(case: dict) -> torch.nn.Module:
     torch.manual_seed(case["init_seed"])
     cfg = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
@@ -155,14 +188,17 @@ def train(case: dict, out: str) -> None:
               "compute_loss_func": summed_loss if case.get("loss_func") else None}
     if reference:
         ordered = Rows(data, case["orders"])
-        trainer = Trainer(train_dataset=ordered, callbacks=[Epochs(ordered)], **common)
+        cls = overriding(Trainer, case["override"]) if case.get("override") else Trainer
+        trainer = cls(train_dataset=ordered, callbacks=[Epochs(ordered)], **common)
     else:
         from flodl_hf.integrations import ElCheArguments, ElCheTrainer
 
         slow = case.get("slow", {}).get(str(rank))
         callbacks = ([Slow(slow)] if slow else []) + ([ExitAt(case["exit_at"])] if case.get("exit_at") else [])
-        trainer = ElCheTrainer(train_dataset=Rows(data), elche=ElCheArguments(**case.get("elche", {})),
-                               callbacks=callbacks, **common)
+        cls = overriding(ElCheTrainer, case["override"]) if case.get("override") else ElCheTrainer
+        declared = {"loss_items": weighted_items} if case.get("override") == "weighted" else {}
+        trainer = cls(train_dataset=Rows(data), elche=ElCheArguments(**case.get("elche", {}), **declared),
+                      callbacks=callbacks, **common)
     trainer.train(resume_from_checkpoint=case.get("resume"))
     if rank == 0:
         torch.save({k: v.detach().cpu() for k, v in trainer.model.state_dict().items()},
