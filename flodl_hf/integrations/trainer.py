@@ -86,18 +86,18 @@ class _EpochSetter(TrainerCallback):
             sampler.set_epoch(state.global_step // per_epoch)
 
 
-def _depends_on(loss: torch.Tensor, leaf: torch.Tensor) -> bool:
-    """Whether ``leaf`` is in ``loss``'s autograd graph (does the loss use ``num_items_in_batch``?)."""
-    seen, stack = set(), [loss.grad_fn]
-    while stack:
-        fn = stack.pop()
-        if fn is None or id(fn) in seen:
-            continue
-        seen.add(id(fn))
-        if getattr(fn, "variable", None) is leaf:
-            return True
-        stack.extend(f for f, _ in fn.next_functions)
-    return False
+class _CountProbe(torch.Tensor):
+    """``num_items_in_batch`` as handed to the loss once, to learn whether the loss reads it: any torch operation
+    on it, ``int()``, ``float()`` or ``.item()`` included, counts as reading (the autograd graph alone misses a
+    count turned into a Python number)."""
+
+    reads: list[str] = []
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        cls.reads.append(getattr(func, "__name__", str(func)))
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
 
 
 @dataclass
@@ -404,12 +404,13 @@ class ElCheTrainer(Trainer):
         inputs = self._prepare_inputs(inputs)
         probe = None
         if not deferred and num_items_in_batch is not None and self._elche_honors_items is None:
-            probe = num_items_in_batch.detach().clone().requires_grad_(True)
+            _CountProbe.reads = []
+            probe = num_items_in_batch.detach().clone().as_subclass(_CountProbe)
             num_items_in_batch = probe
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         if probe is not None:
-            self._elche_honors_items = loss.requires_grad and _depends_on(loss, probe)
+            self._elche_honors_items = bool(_CountProbe.reads)
         del inputs
         if deferred:
             loss = loss * float(denominator)  # this rank's loss sum

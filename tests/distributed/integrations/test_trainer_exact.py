@@ -70,6 +70,7 @@ def runs(tmp_path_factory) -> dict:
             cases[f"mean{world}-{ga}"] = override(7 + ga, override="mean", ga=ga, model="token" if ga == 2 else "seq")
         cases[f"penalty{world}"] = override(11, override="penalty", ga=1, model="token")
         cases[f"penalty{world}-seq"] = override(12, override="penalty", ga=2, model="seq")
+        cases[f"int{world}"] = override(17, loss_func="int", ga=2, model="token")  # int(num_items_in_batch)
         for ga in (1, 2):  # a class-weighted mean, declared with ElCheArguments(loss_items=...)
             cases[f"weighted{world}-{ga}"] = override(13 + ga, override="weighted", ga=ga,
                                                       model="token" if ga == 1 else "seq")
@@ -89,7 +90,7 @@ def runs(tmp_path_factory) -> dict:
 
 OVERRIDES = [f"{how}{world}{suffix}" for world in (2, 3) for how, suffix in
              (("mean", "-1"), ("mean", "-2"), ("penalty", ""), ("penalty", "-seq"), ("weighted", "-1"),
-              ("weighted", "-2"))]
+              ("weighted", "-2"), ("int", ""))]
 
 
 @pytest.mark.parametrize("seed", [*SEEDS, "bf16", "loss_func", "unlabelled1", "unlabelled2", *OVERRIDES])

@@ -116,6 +116,14 @@ def summed_loss(outputs, labels, num_items_in_batch=None):
     return loss / num_items_in_batch
 
 
+def summed_loss_int(outputs, labels, num_items_in_batch=None):
+    """The same, with the count turned into a Python number first (``int()``), as many scripts do."""
+    logits = outputs["logits"]
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                             ignore_index=-100, reduction="sum")
+    return loss / int(num_items_in_batch)
+
+
 CLASS_WEIGHTS = torch.tensor([0.5, 1.0, 2.0])
 
 
@@ -185,7 +193,7 @@ def train(case: dict, out: str) -> None:
         dataloader_drop_last=case.get("drop_last", False), optim="adamw_torch", remove_unused_columns=False,
         bf16=case.get("bf16", False), average_tokens_across_devices=case.get("average_tokens", True))
     common = {"model": model(case), "args": args, "data_collator": Collate(seen),
-              "compute_loss_func": summed_loss if case.get("loss_func") else None}
+              "compute_loss_func": {True: summed_loss, "int": summed_loss_int}.get(case.get("loss_func"))}
     if reference:
         ordered = Rows(data, case["orders"])
         cls = overriding(Trainer, case["override"]) if case.get("override") else Trainer
