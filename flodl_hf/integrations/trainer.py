@@ -142,6 +142,7 @@ class ElCheTrainer(Trainer):
         self._elche_sum: GradSum | None = None
         self._elche_queue: deque = deque()
         self._elche_honors_items: bool | None = None
+        self._elche_part: _Part | None = None
         self._elche_wall = 0.0
         self._elche_work = 0.0
         self._elche_sync_ms = 0.0
@@ -325,6 +326,35 @@ class ElCheTrainer(Trainer):
         raise ValueError("ElCheTrainer: a collated batch holds no tensor with a batch dimension: return tensors "
                          "from your data_collator")
 
+    def _track_num_input_tokens(self, inputs: Any) -> None:
+        """Trainer's ``num_input_tokens_seen``, counted as one process counts the whole micro-batch: a rank's
+        weight-0 stand-in rows count nothing, and ``"all"`` counts every real row at the micro-batch's longest
+        width, to which one process's collator pads them all."""
+        mode = self.args.include_num_input_tokens_seen
+        part = self._elche_part
+        if not self._elche_on or mode in ("no", False, None) or part is None:
+            return super()._track_num_input_tokens(inputs)
+        name = getattr(self.model, "main_input_name", "input_ids")
+        if name not in inputs:
+            return super()._track_num_input_tokens(inputs)  # Trainer's warning
+        ids = inputs[name]
+        real = part.weight > 0
+        rows = ids.shape[0] if real and ids.dim() > 0 else 0
+        if mode == "non_padding" and "attention_mask" in inputs:
+            own = int(inputs["attention_mask"].sum()) if real else 0
+        elif mode == "non_padding" and getattr(self.processing_class, "pad_token_id", None) is not None:
+            own = int((ids != self.processing_class.pad_token_id).sum()) if real else 0
+        else:
+            own = -1  # every token: rows x the longest width over the ranks
+        width = ids.shape[-1] if ids.dim() > 1 else 1
+        figures = torch.tensor([own, rows, width if rows else 0], dtype=torch.int64, device=self.args.device)
+        gathered = self.accelerator.gather(figures).view(-1, 3)
+        if own >= 0:
+            seen = int(gathered[:, 0].sum())
+        else:
+            seen = int(gathered[:, 1].sum()) * int(gathered[:, 2].max())
+        self.state.num_input_tokens_seen += seen
+
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: torch.device) -> tuple[list, Any]:
         batches = []
         for _ in range(num_batches):
@@ -390,6 +420,7 @@ class ElCheTrainer(Trainer):
         if not self._elche_on:
             return super().training_step(model, inputs, num_items_in_batch)
         part = self._elche_queue.popleft()
+        self._elche_part = part  # Trainer counts the tokens of these inputs after this step
         start = time.perf_counter()
         model.train()
         if hasattr(self.optimizer, "train") and callable(self.optimizer.train):

@@ -71,6 +71,9 @@ def runs(tmp_path_factory) -> dict:
         cases[f"penalty{world}"] = override(11, override="penalty", ga=1, model="token")
         cases[f"penalty{world}-seq"] = override(12, override="penalty", ga=2, model="seq")
         cases[f"int{world}"] = override(17, loss_func="int", ga=2, model="token")  # int(num_items_in_batch)
+        for tokens in ("all", "non_padding"):  # include_num_input_tokens_seen; the last micro-batch holds one row,
+            case, _ = override(19, tokens=tokens, ga=2, drop_last=False)  # so the other ranks run stand-ins
+            cases[f"tokens{world}-{tokens}"] = (dict(case, n=5 * case["per_device"] * world + 1), world)
         for ga in (1, 2):  # a class-weighted mean, declared with ElCheArguments(loss_items=...)
             cases[f"weighted{world}-{ga}"] = override(13 + ga, override="weighted", ga=ga,
                                                       model="token" if ga == 1 else "seq")
@@ -90,7 +93,7 @@ def runs(tmp_path_factory) -> dict:
 
 OVERRIDES = [f"{how}{world}{suffix}" for world in (2, 3) for how, suffix in
              (("mean", "-1"), ("mean", "-2"), ("penalty", ""), ("penalty", "-seq"), ("weighted", "-1"),
-              ("weighted", "-2"), ("int", ""))]
+              ("weighted", "-2"), ("int", ""), ("tokens", "-all"), ("tokens", "-non_padding"))]
 
 
 @pytest.mark.parametrize("seed", [*SEEDS, "bf16", "loss_func", "unlabelled1", "unlabelled2", *OVERRIDES])
@@ -122,6 +125,10 @@ def test_n_ranks_equal_one_trainer_process(runs, seed):
         ours = [h[key] for h in trainer_runs.log(elche) if key in h and "train_loss" not in h]
         theirs = [h[key] for h in trainer_runs.log(reference) if key in h and "train_loss" not in h]
         assert len(ours) == len(theirs) and all(abs(a - b) <= 2e-3 * max(1.0, abs(b)) for a, b in zip(ours, theirs))
+    if case.get("tokens"):  # Trainer's count of the tokens seen is one process's
+        ours = [h["num_input_tokens_seen"] for h in trainer_runs.log(elche) if "num_input_tokens_seen" in h]
+        theirs = [h["num_input_tokens_seen"] for h in trainer_runs.log(reference) if "num_input_tokens_seen" in h]
+        assert ours == theirs and len(ours) > 1, (ours, theirs)
     shares = [h for h in trainer_runs.log(elche) if "elche_share_0" in h]
     assert shares and all(abs(sum(h[f"elche_share_{r}"] for r in range(world)) - 1) < 1e-3 for h in shares)
 
