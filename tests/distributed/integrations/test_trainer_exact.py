@@ -71,6 +71,7 @@ def runs(tmp_path_factory) -> dict:
         cases[f"penalty{world}"] = override(11, override="penalty", ga=1, model="token")
         cases[f"penalty{world}-seq"] = override(12, override="penalty", ga=2, model="seq")
         cases[f"int{world}"] = override(17, loss_func="int", ga=2, model="token")  # int(num_items_in_batch)
+        cases[f"adafactor{world}"] = override(21, optim="adafactor", ga=2)
         for tokens in ("all", "non_padding"):  # include_num_input_tokens_seen; the last micro-batch holds one row,
             case, _ = override(19, tokens=tokens, ga=2, drop_last=False)  # so the other ranks run stand-ins
             cases[f"tokens{world}-{tokens}"] = (dict(case, n=5 * case["per_device"] * world + 1), world)
@@ -93,7 +94,7 @@ def runs(tmp_path_factory) -> dict:
 
 OVERRIDES = [f"{how}{world}{suffix}" for world in (2, 3) for how, suffix in
              (("mean", "-1"), ("mean", "-2"), ("penalty", ""), ("penalty", "-seq"), ("weighted", "-1"),
-              ("weighted", "-2"), ("int", ""), ("tokens", "-all"), ("tokens", "-non_padding"))]
+              ("weighted", "-2"), ("int", ""), ("tokens", "-all"), ("tokens", "-non_padding"), ("adafactor", ""))]
 
 
 @pytest.mark.parametrize("seed", [*SEEDS, "bf16", "loss_func", "unlabelled1", "unlabelled2", *OVERRIDES])
@@ -107,12 +108,13 @@ def test_n_ranks_equal_one_trainer_process(runs, seed):
         assert len(order) == len(set(order))
         assert len(order) == (case["n"] // unit * unit if case["drop_last"] else case["n"])
     ours, theirs = trainer_runs.params(elche), trainer_runs.params(reference)
-    if case.get("override") == "penalty":
+    if case.get("override") == "penalty" or case.get("optim") == "adafactor":
         # The key biases' exact gradient is zero (softmax cancels them) and so is the penalty's at their zero
-        # initialisation: only rounding noise moves them, which AdamW amplifies (docs/exactness.md, "What the
-        # bounds cover"); measured up to 3.7e-4 here, every other parameter within 3e-8.
+        # initialisation: only rounding noise moves them, which AdamW and Adafactor (whose update is normalised by
+        # its own root mean square) amplify (docs/exactness.md, "What the bounds cover"); measured up to 3.7e-4
+        # (penalty) and 5.3e-3 (Adafactor) there, every other parameter within 1e-7.
         keys = [k for k in ours if ".attention.self.key.bias" in k]
-        assert trainer_runs.max_diff({k: ours[k] for k in keys}, {k: theirs[k] for k in keys}) < 2e-3, case
+        assert trainer_runs.max_diff({k: ours[k] for k in keys}, {k: theirs[k] for k in keys}) < 3e-2, case
         ours, theirs = ({k: v for k, v in p.items() if k not in keys} for p in (ours, theirs))
     diff = trainer_runs.max_diff(ours, theirs)
     assert diff < (2e-3 if case.get("bf16") else 1e-5), (diff, case)  # bf16 rounds differently per batch shape
