@@ -264,18 +264,13 @@ class DdpConfig:
         opt_in = ("set max_anchor=N as well (e.g. 8; CLI --max-anchor N), the opt-in that trades a larger, varying "
                   "effective batch for fewer synchronisations, or fixed_anchor=N (CLI --fixed-anchor N) for a "
                   "constant batch of N micro-batches per rank")
-        if self.overhead_target is not None:
-            raise _bad("overhead_target", self.overhead_target,
-                       "it lengthens El Che's window, but this config keeps every optimizer step at the batch the loop "
-                       f"asked for (one micro-batch per rank, the default): {opt_in}")
-        if self.anchor_rule != "goodput":
-            raise _bad("anchor_rule", self.anchor_rule,
-                       "it chooses El Che's window length, but this config keeps every optimizer step at the batch the "
-                       f"loop asked for (one micro-batch per rank, the default): {opt_in}")
-        if self.lr_scaling != "none":
-            raise _bad("lr_scaling", self.lr_scaling,
-                       "it scales the LR of windows longer than one micro-batch, but this config keeps every optimizer "
-                       f"step at the batch the loop asked for (one micro-batch per rank, the default): {opt_in}")
+        acting = (("overhead_target", self.overhead_target is not None, "it lengthens El Che's window"),
+                  ("anchor_rule", self.anchor_rule != "goodput", "it chooses El Che's window length"),
+                  ("lr_scaling", self.lr_scaling != "none", "it scales the LR of windows longer than one micro-batch"))
+        for name, set_, what in acting:
+            if set_:
+                raise _bad(name, getattr(self, name), f"{what}, but this config keeps every optimizer step at the "
+                           f"batch the loop asked for (one micro-batch per rank, the default): {opt_in}")
 
     def el_che_kwargs(self, world: int, batch_size: int, probed: Optional[Sequence[int]] = None) -> dict:
         """The El Che settings of this config for ``world`` ranks of ``batch_size`` (checked here, where the

@@ -45,6 +45,25 @@ def _entry(fn: Callable[..., Any], rank: int, world: int, port: int, out: str, a
         pass
 
 
+ROOT = Path(__file__).resolve().parents[1]
+#: What a launcher sets in its ranks' environment: a command under test must not inherit the test session's.
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                      "FLODL_HF_DEVICES")
+
+
+def launch_env(*paths: str, **extra: str) -> dict:
+    """The environment of a script a test launches as a user would: this checkout (then ``paths``) first on
+    ``PYTHONPATH``, offline, one thread per process (what the launchers give two ranks on 2 cores), no launcher
+    variables inherited; ``extra`` on top."""
+    env = dict(os.environ)
+    for key in LAUNCHER_VARIABLES:
+        env.pop(key, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *paths, env.get("PYTHONPATH", "")])
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
 def accelerate_launch(world: int) -> list[str]:
     """The arguments after ``python`` that ``accelerate launch`` ``world`` CPU processes on this machine: accelerate's
     ``--cpu`` runs several processes only through mpirun; ``--multi_gpu`` goes through torchrun, which on a machine

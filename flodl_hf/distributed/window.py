@@ -204,7 +204,7 @@ class WindowRuntime:
             replay = PlanReplay(cfg.replay_plan, self.world, batch_size)
             if kwargs.get("max_anchor") != 0:  # El Che reports the replayed anchors (its own bounds do not apply)
                 kwargs.update(anchor=replay.anchor(0), min_anchor=1,
-                              max_anchor=max([kwargs.get("max_anchor") or 8] + replay.anchors))
+                              max_anchor=max([kwargs["max_anchor"]] + replay.anchors))
             kwargs["batch_sizes"] = None
         el_che = ElChe(self.world, mode="setup", batch_size=batch_size, **kwargs)
         if cfg.speed_hint is not None:

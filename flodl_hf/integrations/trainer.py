@@ -22,13 +22,14 @@ How it maps onto Trainer (transformers 5.0+, read from the 5.24 source; see ``..
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -207,10 +208,17 @@ class ElCheTrainer(Trainer):
         times its loss. Each rank's eval batch is one of the batches one process evaluates (accelerate deals them
         out in turn), so the per-batch loss one process computes is the right one, and Trainer's mean over the
         gathered batches is one process's ``eval_loss``."""
+        with self._as_one_process():
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+
+    @contextlib.contextmanager
+    def _as_one_process(self) -> Iterator[None]:
+        """Trainer's loss code as one process runs it: ``average_tokens_across_devices`` off, so it neither counts
+        items over the ranks nor multiplies the loss by their number."""
         saved = self.args.average_tokens_across_devices
         self.args.average_tokens_across_devices = False
         try:
-            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+            yield
         finally:
             self.args.average_tokens_across_devices = saved
 
@@ -400,13 +408,9 @@ class ElCheTrainer(Trainer):
         keeps a subclass's own loss right: an override that never calls ``super()`` (its own mean, e.g. with class
         weights) was never multiplied, and a penalty added to ``super()``'s loss is one process's penalty. On one
         process the factor is 1: nothing changes."""
-        saved = self.args.average_tokens_across_devices
-        self.args.average_tokens_across_devices = False
-        try:
+        with self._as_one_process():
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
-        finally:
-            self.args.average_tokens_across_devices = saved
 
     def _counted(self, inputs: Any) -> bool:
         return "labels" in inputs and (self.model_accepts_loss_kwargs or self.compute_loss_func is not None)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 from pathlib import Path
 
 import torch
 
+from dist_helpers import launch_env
 from flodl_hf.distributed.launch import free_port
 from warm_python import python_command, torchrun_command
 
@@ -17,15 +17,7 @@ ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).with_name("trainer_script.py")
 
 
-def env() -> dict:
-    """A launch's environment: this checkout first, offline, one thread, no launcher variables inherited."""
-    out = dict(os.environ)
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                "FLODL_HF_DEVICES"):
-        out.pop(key, None)
-    out["PYTHONPATH"] = os.pathsep.join([str(ROOT), out.get("PYTHONPATH", "")])
-    out.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
-    return out
+env = launch_env  # a launch's environment: this checkout first, offline, one thread, no launcher variables
 
 
 def run(case: dict | list, out: Path, world: int, timeout: float = 300,

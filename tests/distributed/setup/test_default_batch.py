@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
+from dist_helpers import launch_env
 from flodl_hf.distributed.launch import free_port
 from warm_python import python_command, torchrun_command
 
@@ -24,22 +24,13 @@ LOOP = Path(__file__).resolve().parent / "sync_heavy_loop.py"
 #: holds for them between two correct runs: they are compared against the one-device run's own noise (the same run
 #: with another thread count), as docs/exactness.md ("What the bounds cover") says.
 ZERO_GRADIENT = ".attention.self.key.bias"
-BURST = "import time\nwhile True:\n    t = time.monotonic()\n    while time.monotonic() - t < 0.05: pass\n    time.sleep(0.05)\n"
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "FLODL_HF_DEVICES"):
-        env.pop(key, None)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(LOOP.parent), env.get("PYTHONPATH", "")])
-    env["HF_HUB_OFFLINE"] = "1"
-    env["OMP_NUM_THREADS"] = "1"
-    return env
+BURST = ("import time\nwhile True:\n    t = time.monotonic()\n    while time.monotonic() - t < 0.05: pass\n"
+         "    time.sleep(0.05)\n")
 
 
 def _run(cmd: list[str], threads: int = 1) -> None:
-    proc = subprocess.run(cmd, env=dict(_env(), OMP_NUM_THREADS=str(threads)), cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(cmd, env=launch_env(str(LOOP.parent), OMP_NUM_THREADS=str(threads)), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "El Che anchor" not in proc.stderr, proc.stderr[-3000:]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import tiny_models
-from dist_helpers import accelerate_launch
+from dist_helpers import accelerate_launch, launch_env
 from flodl_hf.distributed.launch import free_port
 from warm_python import python_command, torchrun_command
 
@@ -38,15 +38,7 @@ def tiny_job(tmp_path_factory):
     return ["--model", str(model), "--data", str(data), "--rows", "128", "--batch-size", "8"]
 
 
-def _env(**extra: str) -> dict:
-    env = dict(os.environ)
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "FLODL_HF_DEVICES"):
-        env.pop(key, None)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env["HF_HUB_OFFLINE"] = "1"
-    env["OMP_NUM_THREADS"] = "1"  # what the launchers give two ranks on 2 cores (the warm interpreter runs with it)
-    env.update(extra)
-    return env
+_env = launch_env
 
 
 def _run(cmd: list[str], env: dict, timeout: float = 240) -> subprocess.CompletedProcess:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -16,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 import tiny_models
+from dist_helpers import launch_env
 from warm_python import python_command
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -41,17 +41,8 @@ def job(tmp_path_factory):
             "--lr", "5e-3"]
 
 
-def _env(**extra: str) -> dict:
-    env = dict(os.environ)
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "FLODL_HF_DEVICES"):
-        env.pop(key, None)
-    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]), HF_HUB_OFFLINE="1",
-               OMP_NUM_THREADS="1", **extra)
-    return env
-
-
 def _run(cmd: list[str], out: Path, **env: str) -> tuple[dict, list[str]]:
-    proc = subprocess.run([*cmd, "--save", str(out)], env=_env(**env), cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([*cmd, "--save", str(out)], env=launch_env(**env), cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     accuracy = ACCURACY.findall(proc.stdout)
