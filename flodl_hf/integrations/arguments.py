@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .plan import equal_sizes
+
 __all__ = ["MIN_TRANSFORMERS", "ElCheArguments", "check_trainer"]
 
 #: The oldest transformers the integration was tested with (the exactness cases pass unchanged on 5.0.0 and 5.24;
@@ -120,9 +122,14 @@ def check_trainer(trainer: Any) -> None:
         _refuse("neftune_noise_alpha", args.neftune_noise_alpha, f"on {world} ranks: NEFTune scales its noise by each "
                 "batch's padded shape, and each rank draws it for its own share, so the update would not be one "
                 "process's", "train with NEFTune on one process, or with transformers.Trainer on N ranks")
+    unit = args.train_batch_size * world
     if sizes is not None and len(sizes) != world:
         _refuse("ElCheArguments.batch_sizes", sizes, f"has {len(sizes)} entries for {world} ranks",
-                f"give one size per rank summing to {args.per_device_train_batch_size * world}")
+                f"give one size per rank summing to {unit}, e.g. batch_sizes={equal_sizes(world, unit)!r}")
+    if sizes is not None and sum(sizes) != unit:
+        _refuse("ElCheArguments.batch_sizes", sizes, f"sums to {sum(sizes)}",
+                f"give {world} sizes >= 1 summing to per_device_train_batch_size x world size = {unit}, "
+                f"e.g. batch_sizes={equal_sizes(world, unit)!r}")
     hint = trainer.elche_args.speed_hint
     if hint is not None and not 0 <= hint[0] < world:
         _refuse("ElCheArguments.speed_hint", hint, f"names rank {hint[0]}, outside 0..{world - 1}",

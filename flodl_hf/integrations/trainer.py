@@ -33,6 +33,7 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
+from accelerate.utils.memory import clear_device_cache
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, seed_worker
 
@@ -70,14 +71,20 @@ def _read_state(path: str) -> dict:
     return state
 
 
-class _EpochSetter(TrainerCallback):
-    """Tells the plan sampler which epoch begins, from Trainer's own step count (``epochs_trained`` is
-    ``global_step // updates_per_epoch`` in Trainer too). The one source of the sampler's epoch: Trainer's
+class _PlanCallback(TrainerCallback):
+    """Keeps Trainer's state in step with the plan.
+
+    At each epoch it tells the plan sampler which epoch begins, from Trainer's own step count (``epochs_trained`` is
+    ``global_step // updates_per_epoch`` in Trainer too): the one source of the sampler's epoch, since Trainer's
     ``set_epoch`` does not reach it everywhere (in 5.0 a resumed epoch's skipping loader has none, and the sampler
-    would replay another epoch's order)."""
+    would replay another epoch's order). At the start of training it writes the batch each rank trains into the
+    state, which a resume otherwise takes from the checkpoint (written with another number of ranks)."""
 
     def __init__(self, trainer: ElCheTrainer) -> None:
         self.trainer = trainer
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        state.train_batch_size = self.trainer._train_batch_size
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         sampler = self.trainer._elche_sampler
@@ -152,7 +159,7 @@ class ElCheTrainer(Trainer):
         self._elche_loss: Any = 0.0  # the window's loss (its sum when the denominator is deferred), for Trainer's log
         self._elche_logged = 0.0
         self._elche_sampler: PlanBatchSampler | None = None
-        self.add_callback(_EpochSetter(self))
+        self.add_callback(_PlanCallback(self))
 
     # -- properties a user or a callback may read ------------------------------------------------------------
     @property
@@ -181,7 +188,7 @@ class ElCheTrainer(Trainer):
         if path is not None:
             state_file = os.path.join(path, STATE_FILE)
             if os.path.isfile(state_file):
-                self._elche_resume = _read_state(state_file)
+                self._elche_resume = self._check_resume(_read_state(state_file), str(path))
             elif self.is_world_process_zero():
                 print(f"ElCheTrainer: {path} has no {STATE_FILE} (not written by ElCheTrainer): the data position "
                       "is recomputed from this run's batch size", flush=True)
@@ -263,26 +270,47 @@ class ElCheTrainer(Trainer):
             params.update(persistent_workers=self.args.dataloader_persistent_workers,
                           prefetch_factor=self.args.dataloader_prefetch_factor,
                           multiprocessing_context=self.args.dataloader_multiprocessing_context)
-        return torch.utils.data.DataLoader(WeightedRows(dataset), **params)  # its epoch: _EpochSetter
+        return torch.utils.data.DataLoader(WeightedRows(dataset), **params)  # its epoch: _PlanCallback
+
+    def _check_resume(self, state: dict, path: str) -> dict:
+        """The one rule of a resume, checked before Trainer loads anything: the checkpoint's global micro-batch ``U``
+        and micro-batches per step are kept (so the optimizer steps and the schedule stay the same), each of the
+        ``W`` ranks' batch becomes ``U / W``, and a pinned split sums to ``U``. Refused in one line naming what works."""
+        world, ga = self._elche_world, self.args.gradient_accumulation_steps
+        if int(state.get("format", 0)) != _STATE_FORMAT:
+            raise ValueError(f"ElCheTrainer: {STATE_FILE} has format {state.get('format')!r}, this version "
+                             f"reads {_STATE_FORMAT}: resume with the flodl-hf version that wrote it")
+        if int(state["micro_batches_per_window"]) != ga:
+            raise ValueError(
+                f"ElCheTrainer: gradient_accumulation_steps={ga} but the checkpoint was written with "
+                f"{state['micro_batches_per_window']}: pass gradient_accumulation_steps="
+                f"{state['micro_batches_per_window']} to resume it")
+        unit = int(state["global_micro_batch"])
+        if unit < 1 or unit % world != 0:
+            fits = [w for w in range(1, unit + 1) if unit % w == 0]
+            raise ValueError(
+                f"ElCheTrainer: the checkpoint {path} trains global micro-batches of {unit} samples (kept on resume, "
+                f"so each rank's batch is {unit} / world size), which {world} ranks cannot share: resume it on "
+                f"{', '.join(map(str, fits))} ranks")
+        pinned = self.elche_args.batch_sizes
+        if world > 1 and pinned is not None and sum(pinned) != unit:
+            raise ValueError(
+                f"ElCheTrainer: ElCheArguments(batch_sizes={list(pinned)!r}) sums to {sum(pinned)}, but the checkpoint "
+                f"{path} trains global micro-batches of {unit} samples (kept on resume): pass "
+                f"per_device_train_batch_size={unit // world} and batch_sizes={equal_sizes(world, unit)!r} (or any "
+                f"{world} sizes >= 1 summing to {unit})")
+        if unit != self.args.train_batch_size * world and self.is_world_process_zero():
+            print(f"ElCheTrainer: resuming {path} keeps its global micro-batch of {unit} samples: each of the {world} "
+                  f"ranks trains {unit // world} per micro-batch (per_device_train_batch_size is "
+                  f"{self.args.train_batch_size})", flush=True)
+        return state
 
     def _make_plan(self) -> WindowPlan:
         world, rank, ga = self._elche_world, self._elche_rank, self.args.gradient_accumulation_steps
-        unit = self._train_batch_size * world
         resume = self._elche_resume
-        if resume is not None:
-            if int(resume.get("format", 0)) != _STATE_FORMAT:
-                raise ValueError(f"ElCheTrainer: {STATE_FILE} has format {resume.get('format')!r}, this version "
-                                 f"reads {_STATE_FORMAT}: resume with the flodl-hf version that wrote it")
-            if int(resume["micro_batches_per_window"]) != ga:
-                raise ValueError(
-                    f"ElCheTrainer: gradient_accumulation_steps={ga} but the checkpoint was written with "
-                    f"{resume['micro_batches_per_window']}: pass gradient_accumulation_steps="
-                    f"{resume['micro_batches_per_window']} to resume it")
-            unit = int(resume["global_micro_batch"])
-            if unit % world != 0 or unit < world:
-                raise ValueError(
-                    f"ElCheTrainer: the checkpoint's global micro-batch ({unit} samples) does not split over "
-                    f"{world} ranks: resume on a number of ranks that divides {unit}")
+        unit = int(resume["global_micro_batch"]) if resume is not None else self.args.train_batch_size * world
+        # what Trainer reports (its banner, trainer_state.json's train_batch_size) is what each rank trains
+        self._train_batch_size = unit // world
         sizes = equal_sizes(world, unit)
         self._elche = None
         if world > 1:
@@ -447,6 +475,9 @@ class ElCheTrainer(Trainer):
         if probe is not None:
             self._elche_honors_items = bool(_CountProbe.reads)
         del inputs
+        steps = self.args.torch_empty_cache_steps
+        if steps is not None and self.state.global_step % steps == 0:  # where Trainer's training_step clears it
+            clear_device_cache()
         if deferred:
             loss = loss * float(denominator)  # this rank's loss sum
         else:

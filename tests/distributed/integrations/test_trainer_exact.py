@@ -70,7 +70,8 @@ def runs(tmp_path_factory) -> dict:
             cases[f"mean{world}-{ga}"] = override(7 + ga, override="mean", ga=ga, model="token" if ga == 2 else "seq")
         cases[f"penalty{world}"] = override(11, override="penalty", ga=1, model="token")
         cases[f"penalty{world}-seq"] = override(12, override="penalty", ga=2, model="seq")
-        cases[f"int{world}"] = override(17, loss_func="int", ga=2, model="token")  # int(num_items_in_batch)
+        cases[f"int{world}"] = override(17, loss_func="int", ga=2, model="token",  # int(num_items_in_batch)
+                                        empty_cache=3)  # torch_empty_cache_steps
         cases[f"adafactor{world}"] = override(21, optim="adafactor", ga=2)
         for tokens in ("all", "non_padding"):  # include_num_input_tokens_seen; the last micro-batch holds one row,
             case, _ = override(19, tokens=tokens, ga=2, drop_last=False)  # so the other ranks run stand-ins
@@ -131,6 +132,10 @@ def test_n_ranks_equal_one_trainer_process(runs, seed):
         ours = [h["num_input_tokens_seen"] for h in trainer_runs.log(elche) if "num_input_tokens_seen" in h]
         theirs = [h["num_input_tokens_seen"] for h in trainer_runs.log(reference) if "num_input_tokens_seen" in h]
         assert ours == theirs and len(ours) > 1, (ours, theirs)
+    if case.get("empty_cache"):  # torch_empty_cache_steps: every rank clears where one process clears
+        theirs = (reference / "cleared_0.jsonl").read_text()
+        assert theirs.count("\n") > 2 and all((elche / f"cleared_{r}.jsonl").read_text() == theirs
+                                              for r in range(world)), theirs
     shares = [h for h in trainer_runs.log(elche) if "elche_share_0" in h]
     assert shares and all(abs(sum(h[f"elche_share_{r}"] for r in range(world)) - 1) < 1e-3 for h in shares)
 

@@ -9,8 +9,8 @@ run's are each epoch exactly once, and the final parameters equal an uninterrupt
 from __future__ import annotations
 
 import json
+import re
 
-import pytest
 import trainer_runs
 
 
@@ -44,3 +44,33 @@ def test_interrupted_on_two_ranks_resumed_on_one(tmp_path):
     lr_whole = [h["learning_rate"] for h in trainer_runs.log(whole) if "learning_rate" in h]
     lr_second = [h["learning_rate"] for h in trainer_runs.log(second) if "learning_rate" in h]
     assert len(lr_whole) == 6 and lr_second == lr_whole  # the resumed history carries the first run's 4 steps
+    # what Trainer reports is what the resumed process trained: the global micro-batch of 8, not per_device 4
+    state = json.loads((second / "trainer" / "checkpoint-6" / "trainer_state.json").read_text())
+    assert state["train_batch_size"] == UNIT, state["train_batch_size"]
+
+
+def _refusal(proc) -> str:
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "ValueError: ElCheTrainer" in line]
+    assert lines, proc.stderr[-3000:]
+    return lines[0]
+
+
+def test_a_resume_on_another_world_size_has_one_rule(tmp_path):
+    """A resume keeps the checkpoint's global micro-batch (8): 3 ranks cannot share it, and a pinned split must sum
+    to it. Each is refused before any step in one line naming what works, and what it names works."""
+    first = tmp_path / "first"
+    trainer_runs.run(dict(CASE, exit_at=3), first, 2, expect=17)  # checkpoint-2 is whole by then
+    resume = str(first / "trainer" / "checkpoint-2")
+    on_three = trainer_runs.run(dict(CASE, resume=resume, elche={}), tmp_path / "three", 3, expect=1)
+    assert "cannot share: resume it on 1, 2, 4, 8 ranks" in _refusal(on_three)
+    # a split that fits this run's per_device_train_batch_size (6 x 2) but not the checkpoint's micro-batch
+    pinned = dict(CASE, resume=resume, per_device=6, elche={"batch_sizes": [7, 5]})
+    refused = _refusal(trainer_runs.run(pinned, tmp_path / "pinned", 2, expect=1))
+    assert "batch_sizes=[7, 5]) sums to 12" in refused, refused
+    named = re.search(r"per_device_train_batch_size=(\d+) and batch_sizes=(\[[\d, ]+\])", refused)
+    assert named, refused
+    assert not (tmp_path / "pinned" / "log.json").exists()
+    followed = dict(pinned, per_device=int(named[1]), elche={"batch_sizes": json.loads(named[2])})
+    trainer_runs.run(followed, tmp_path / "followed", 2)
+    seen = trainer_runs.seen(tmp_path / "followed", 2)
+    assert [len(b) for b in seen[0]] == [4] * len(seen[0])  # 8 = 4 + 4 per micro-batch (40 % 8 == 0)

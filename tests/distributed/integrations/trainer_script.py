@@ -5,7 +5,9 @@ on each rank). CASE.json says the model, data, Trainer arguments and El Che sett
 dataset indices) replays a recorded sample order through a sequential sampler, which is how the reference sees "the
 concatenated windows". Each rank writes the dataset indices of every micro-batch its collator saw; rank 0 writes the
 final parameters and Trainer's log history. ``save_steps`` writes checkpoints,
-``exit_at`` ends every rank abruptly when that step begins, ``resume`` resumes from a checkpoint.
+``exit_at`` ends every rank abruptly when that step begins, ``resume`` resumes from a checkpoint. Each rank records the
+optimizer step of every call that clears the device cache (``empty_cache``: ``torch_empty_cache_steps``) in
+``cleared_RANK.jsonl``.
 """
 
 from __future__ import annotations
@@ -193,7 +195,7 @@ def train(case: dict, out: str) -> None:
         dataloader_drop_last=case.get("drop_last", False), optim=case.get("optim", "adamw_torch"),
         remove_unused_columns=False,
         bf16=case.get("bf16", False), average_tokens_across_devices=case.get("average_tokens", True),
-        include_num_input_tokens_seen=case.get("tokens", "no"))
+        include_num_input_tokens_seen=case.get("tokens", "no"), torch_empty_cache_steps=case.get("empty_cache"))
     common = {"model": model(case), "args": args, "data_collator": Collate(seen),
               "compute_loss_func": {True: summed_loss, "int": summed_loss_int}.get(case.get("loss_func"))}
     if reference:
@@ -209,7 +211,21 @@ def train(case: dict, out: str) -> None:
         declared = {"loss_items": weighted_items} if case.get("override") == "weighted" else {}
         trainer = cls(train_dataset=Rows(data), elche=ElCheArguments(**case.get("elche", {}), **declared),
                       callbacks=callbacks, **common)
-    trainer.train(resume_from_checkpoint=case.get("resume"))
+    import importlib
+
+    module = importlib.import_module("transformers.trainer" if reference else "flodl_hf.integrations.trainer")
+    clear = module.clear_device_cache  # the function Trainer's (or ElCheTrainer's) training_step calls
+
+    def cleared(*a, **kw):  # records at which optimizer step each micro-batch clears the device cache
+        with open(os.path.join(out, f"cleared_{rank}.jsonl"), "a") as f:
+            f.write(json.dumps(trainer.state.global_step) + "\n")
+        return clear(*a, **kw)
+
+    module.clear_device_cache = cleared
+    try:
+        trainer.train(resume_from_checkpoint=case.get("resume"))
+    finally:
+        module.clear_device_cache = clear
     if rank == 0:
         torch.save({k: v.detach().cpu() for k, v in trainer.model.state_dict().items()},
                    os.path.join(out, "params.pt"))
