@@ -21,13 +21,16 @@ __all__ = ["PLAN_FORMAT", "PlanRecord", "PlanReplay", "check_plan"]
 PLAN_FORMAT = 1
 
 
-def _bad(why: str) -> ValueError:
-    return ValueError(f"DdpConfig.replay_plan is not a recorded El Che plan ({why}): pass metrics.json's "
-                      "el_che.plan of an earlier run (CLI: --replay-plan path/to/metrics.json)")
+_SETUP_FIX = "pass metrics.json's el_che.plan of an earlier run (CLI: --replay-plan path/to/metrics.json)"
 
 
-def check_plan(plan: Any) -> dict:
-    """Validate the structure of a recorded plan (the run's world and batch size are checked at setup)."""
+def check_plan(plan: Any, name: str = "DdpConfig.replay_plan", fix: str = _SETUP_FIX) -> dict:
+    """Validate the structure of a recorded plan (the run's world and batch size are checked at setup); a refusal
+    names ``name`` (the setting that passed the plan) and ``fix``."""
+
+    def _bad(why: str) -> ValueError:
+        return ValueError(f"{name} is not a recorded El Che plan ({why}): {fix}")
+
     if not isinstance(plan, dict):
         raise _bad(f"got {type(plan).__name__}, not a dict")
     missing = [k for k in ("format", "world", "batch_size", "anchors", "splits") if k not in plan]
@@ -106,6 +109,10 @@ class PlanReplay:
         self._anchors = [int(a[1]) for a in plan["anchors"]]
         self.anchors = list(self._anchors)
         self.splits: list[tuple[int, list[int]]] = [(int(g), list(s)) for g, s in plan["splits"]]
+
+    def split(self, draw: int) -> list[int]:
+        """The recorded split of plan step ``draw`` (the last one recorded, past the record's end)."""
+        return list(self.splits[bisect.bisect_right([g for g, _ in self.splits], draw) - 1][1])
 
     def anchor(self, window: int) -> int:
         """The recorded anchor of window ``window`` (the last one recorded, past the record's end)."""

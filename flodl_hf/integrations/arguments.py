@@ -7,11 +7,14 @@ that exists. The refusals live here, apart from the trainer, so they read as one
 
 from __future__ import annotations
 
+import json
 import numbers
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..elche.plan_record import PlanReplay, check_plan
+from ..preflight import require_regular_file
 from .plan import equal_sizes
 
 __all__ = ["MIN_TRANSFORMERS", "ElCheArguments", "check_trainer"]
@@ -36,11 +39,16 @@ class ElCheArguments:
     cross-entropy (whose mean divides by that sum). Each rank's part of a micro-batch is then weighted by its share
     of the micro-batch's total, so the update is exactly one process's on the whole micro-batch, as setup mode's
     ``graph.loss_items`` does.
+
+    ``replay_plan=path``: the ``elche_plan.json`` an earlier multi-rank run wrote in its ``output_dir`` (or its
+    parsed content), played back instead of El Che's measured split, so that the same script on the same number of
+    ranks repeats that run bit for bit (dropout included) whatever the machine's load.
     """
 
     speed_hint: tuple[int, float] | None = None
     batch_sizes: list[int] | None = None
     loss_items: Callable[[Any], float] | None = None
+    replay_plan: str | os.PathLike | dict | None = None
 
     def __post_init__(self) -> None:
         hint = self.speed_hint
@@ -62,14 +70,54 @@ class ElCheArguments:
         if sizes is not None and hint is not None:
             raise ValueError("ElCheArguments: speed_hint and batch_sizes both set: a pinned split needs no hint, "
                              "keep one of them")
+        plan = self.replay_plan
+        if plan is not None and not isinstance(plan, (str, os.PathLike, dict)):
+            raise ValueError(f"ElCheArguments(replay_plan={plan!r}) is invalid: give the path of an elche_plan.json "
+                             "an earlier run wrote in its output_dir")
+        if plan is not None and (sizes is not None or hint is not None):
+            raise ValueError("ElCheArguments: replay_plan and " + ("batch_sizes" if sizes is not None else "speed_hint")
+                             + " both set: a replayed plan decides every split, keep one of them")
 
 
 def _refuse(argument: str, value: Any, why: str, fix: str) -> None:
     raise ValueError(f"ElCheTrainer: {argument}={value!r} {why}: {fix}")
 
 
-def check_trainer(trainer: Any) -> None:
-    """Refuse, before any step, what the integration cannot do as one process would."""
+_PLAN_FIX = "pass the elche_plan.json an earlier ElCheTrainer run wrote in its output_dir"
+_PLAN_LIMIT = 64 * 1024 * 1024  # bytes: a recorded plan is a few kB; more is not one
+
+
+def load_replay(plan: Any, world: int, per_device: int, ga: int) -> PlanReplay:
+    """``ElCheArguments.replay_plan`` read and checked against this run, refused in one line when it does not fit."""
+    name = "ElCheArguments.replay_plan"
+    if not isinstance(plan, dict):
+        path = os.fspath(plan)
+        require_regular_file(path, name)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(_PLAN_LIMIT + 1)
+            if len(raw) > _PLAN_LIMIT:
+                raise ValueError(f"larger than {_PLAN_LIMIT} bytes")
+            plan = json.loads(raw.decode("utf-8"))
+        except (OSError, ValueError, RecursionError) as exc:
+            raise ValueError(f"{name}={path!r} cannot be read as a recorded plan ({type(exc).__name__}: "
+                             f"{str(exc)[:200]}): {_PLAN_FIX}") from None
+    check_plan(plan, name=name, fix=_PLAN_FIX)
+    if plan["world"] != world or plan["batch_size"] != per_device:
+        _refuse(name, f"<plan of {plan['world']} ranks x {plan['batch_size']}>", f"was recorded on {plan['world']} "
+                f"ranks with per_device_train_batch_size={plan['batch_size']}, but this run has {world} x {per_device}",
+                "replay it with the same number of ranks and per_device_train_batch_size, or drop replay_plan")
+    anchors = {a for _, a in plan["anchors"]}
+    if anchors != {ga}:
+        _refuse(name, f"<plan of {plan['world']} ranks x {plan['batch_size']}>", f"was recorded with "
+                f"gradient_accumulation_steps={min(anchors)}, this run has {ga}",
+                f"pass gradient_accumulation_steps={min(anchors)}, or drop replay_plan")
+    return PlanReplay(plan, world, per_device)
+
+
+def check_trainer(trainer: Any) -> PlanReplay | None:
+    """Refuse, before any step, what the integration cannot do as one process would; returns the plan to replay
+    (``ElCheArguments.replay_plan`` on several ranks), read and checked."""
     import transformers
     from packaging.version import Version
 
@@ -117,7 +165,7 @@ def check_trainer(trainer: Any) -> None:
     sizes = trainer.elche_args.batch_sizes
     world = args.world_size
     if world == 1:
-        return  # one process: El Che has nothing to split, so its settings do not apply (the same script runs)
+        return None  # one process: El Che has nothing to split, so its settings do not apply (the same script runs)
     if getattr(args, "neftune_noise_alpha", None) is not None:
         _refuse("neftune_noise_alpha", args.neftune_noise_alpha, f"on {world} ranks: NEFTune scales its noise by each "
                 "batch's padded shape, and each rank draws it for its own share, so the update would not be one "
@@ -134,3 +182,5 @@ def check_trainer(trainer: Any) -> None:
     if hint is not None and not 0 <= hint[0] < world:
         _refuse("ElCheArguments.speed_hint", hint, f"names rank {hint[0]}, outside 0..{world - 1}",
                 "name the slow rank by its RANK")
+    plan = trainer.elche_args.replay_plan
+    return None if plan is None else load_replay(plan, world, args.train_batch_size, args.gradient_accumulation_steps)

@@ -9,8 +9,10 @@ the next collective hangs. This module keeps that shape and changes only *how ma
   run's start), the micro-batches a one-process Trainer with batch ``U`` would draw;
 * inside it rank ``r`` takes ``b_r`` consecutive positions, El Che's sizes for the window, fixed for the window.
 
-A rank whose share of a short final micro-batch is empty gets one sample of weight 0, so it still runs the
-micro-batch. The positions consumed after ``k`` windows do not depend on the split, which is why a checkpoint
+Window ``w`` of the run (counted over epochs: optimizer step ``w``) takes El Che's current sizes, or, with
+``ElCheArguments(replay_plan=...)``, the sizes a recorded run gave it; either way the split is recorded
+(``WindowPlan.record``, written to ``output_dir/elche_plan.json``). A rank whose share of a short final micro-batch
+is empty gets one sample of weight 0, so it still runs the micro-batch. The positions consumed after ``k`` windows do not depend on the split, which is why a checkpoint
 resumes on any number of ranks with every remaining sample seen once.
 """
 
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 
 from ..elche.partition import epoch_permutation, length_grouped
+from ..elche.plan_record import PlanRecord, PlanReplay
 from ..elche.split import largest_remainder
 
 __all__ = [
@@ -59,7 +62,7 @@ class WindowPlan:
     """
 
     def __init__(self, world_size: int, rank: int, global_micro_batch: int, micro_batches_per_window: int,
-                 sizes: Sequence[int]) -> None:
+                 sizes: Sequence[int], replay: PlanReplay | None = None) -> None:
         self.world_size = world_size
         self.rank = rank
         self.global_micro_batch = global_micro_batch
@@ -68,6 +71,22 @@ class WindowPlan:
         #: the sizes of the window drawn last, and how many windows were drawn (for logs and tests)
         self.last_drawn: list[int] = list(sizes)
         self.windows_drawn = 0
+        #: a recorded plan played back instead of ``sizes`` (``ElCheArguments(replay_plan=...)``)
+        self.replay = replay
+        #: the split of every window drawn, by its index in the run (``elche_plan.json``)
+        self.record = PlanRecord(world_size)
+        self.record.restart(global_micro_batch // world_size)
+        self.record.window(0, micro_batches_per_window)
+        self.record_from = 0
+
+    def draw(self, window: int) -> list[int]:
+        """The split of window ``window`` (its index in the run, counted over epochs): the replayed one, or El Che's
+        current sizes; recorded either way."""
+        sizes = self.replay.split(window) if self.replay is not None else list(self.sizes)
+        if window >= self.record_from:  # a resume skips (draws again) the windows its checkpoint recorded
+            self.record.split(window, sizes)
+        self.last_drawn, self.windows_drawn = sizes, self.windows_drawn + 1
+        return sizes
 
 
 class PlanBatchSampler:
@@ -107,10 +126,10 @@ class PlanBatchSampler:
         plan = self.plan
         u, m, r = plan.global_micro_batch, plan.micro_batches_per_window, plan.rank
         sizes: list[int] = plan.sizes
+        per_epoch = -(-len(self) // m)  # windows per epoch, the last one possibly short
         for k in range(len(self)):
             if k % m == 0:
-                sizes = list(plan.sizes)
-                plan.last_drawn, plan.windows_drawn = sizes, plan.windows_drawn + 1
+                sizes = plan.draw(self.epoch * per_epoch + k // m)
             start, end = k * u, min((k + 1) * u, self.n)
             own = sizes if end - start == u else split_partial(sizes, end - start)
             lo = start + sum(own[:r])

@@ -7,7 +7,8 @@ applies exactly the update one process running `transformers.Trainer` would appl
 How it maps onto Trainer (transformers 5.0+, read from the 5.24 source; see ``../shared/design/hf-trainer.md``):
 
 * **No DDP.** ``_wrap_model`` prepares the model for evaluation only (autocast, compile) and broadcasts rank 0's
-  weights once; the gradient reduction is ours, a SUM all-reduce at the window's last micro-batch inside
+  weights once; the gradient reduction is ours, a SUM all-reduce in buckets that start during the backward pass of
+  the window's last micro-batch, as DDP's do (``flodl_hf.integrations.reduce``), finished inside
   ``training_step``, so Trainer's clipping, ``optimizer.step``, scheduler and callbacks then run unchanged on
   gradients identical on every rank.
 * **Data.** The train loader is ours (``flodl_hf.integrations.plan``): Trainer's windows, El Che's split.
@@ -51,10 +52,12 @@ from .plan import (
 )
 from .reduce import GradSum, broadcast_module
 
-__all__ = ["STATE_FILE", "ElCheTrainer"]
+__all__ = ["PLAN_FILE", "STATE_FILE", "ElCheTrainer"]
 
 #: What ElCheTrainer adds to each Trainer checkpoint directory.
 STATE_FILE = "elche_trainer.json"
+#: The split plan a multi-rank run followed, in its output_dir (``ElCheArguments(replay_plan=...)`` replays it).
+PLAN_FILE = "elche_plan.json"
 _STATE_FORMAT = 1
 
 
@@ -141,7 +144,7 @@ class ElCheTrainer(Trainer):
             raise TypeError(f"ElCheTrainer(elche={elche!r}): pass an ElCheArguments(...) or leave it out")
         super().__init__(*args, **kwargs)
         self.elche_args = elche or ElCheArguments()
-        check_trainer(self)
+        self._elche_replay = check_trainer(self)
         self._elche_world = int(self.args.world_size)
         self._elche_rank = int(self.args.process_index)
         self._elche_resume: dict | None = None
@@ -192,8 +195,10 @@ class ElCheTrainer(Trainer):
             elif self.is_world_process_zero():
                 print(f"ElCheTrainer: {path} has no {STATE_FILE} (not written by ElCheTrainer): the data position "
                       "is recomputed from this run's batch size", flush=True)
-        return super().train(resume_from_checkpoint=path, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval,
-                             **kwargs)
+        output = super().train(resume_from_checkpoint=path, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval,
+                               **kwargs)
+        self._write_plan()
+        return output
 
     # -- model -------------------------------------------------------------------------------------------------
     def _wrap_model(self, model: torch.nn.Module, training: bool = True, dataloader: Any = None) -> torch.nn.Module:
@@ -327,8 +332,16 @@ class ElCheTrainer(Trainer):
                 sched.load_state_dict(saved)
             sizes = sched.batch_sizes()
             self._elche = sched
-        self._elche_plan = WindowPlan(world, rank, unit, ga, sizes)
-        return self._elche_plan
+        plan = WindowPlan(world, rank, unit, ga, sizes, replay=self._elche_replay if world > 1 else None)
+        if resume is not None:  # the record goes on from the checkpoint's; the windows before it are not redrawn
+            plan.record_from = int(resume.get("step", 0))
+            saved_plan = resume.get("plan")
+            if saved_plan and saved_plan.get("world") == world and saved_plan.get("batch_size") == unit // world:
+                plan.record.anchors, plan.record.splits = saved_plan["anchors"], saved_plan["splits"]
+            else:
+                plan.record.resumed = True  # another world size, or no record: the plan cannot be replayed from 0
+        self._elche_plan = plan
+        return plan
 
     # -- the window ---------------------------------------------------------------------------------------------
     def _items(self, batch: Any) -> int | None:
@@ -483,6 +496,8 @@ class ElCheTrainer(Trainer):
         else:
             loss = self._contribution(loss, num_items_in_batch, part)
         counts = bool(part.weight and denominator)
+        if self.accelerator.sync_gradients:  # the window's last backward: its buckets' all-reduces start within it
+            self._grad_sum(model).arm()
         # A weight-0 sample, or a share without a labelled item (its mean loss is NaN), adds nothing; its backward
         # still runs, at zero, so that each parameter ends with a gradient exactly when one process gives it one
         # (one process back-propagates the whole micro-batch, even one without labelled items: zeros, not None).
@@ -512,22 +527,29 @@ class ElCheTrainer(Trainer):
             loss = loss / part.window
         return loss
 
+    def _grad_sum(self, model: torch.nn.Module) -> GradSum:
+        """The reduction of the model's trainable parameters (rebuilt when they change, e.g. a callback unfreezes)."""
+        params = [p for p in model.parameters() if p.requires_grad]
+        current = self._elche_sum
+        if current is None or len(current.params) != len(params) or any(
+                a is not b for a, b in zip(current.params, params)):
+            if current is not None:
+                current.close()
+            self._elche_sum = current = GradSum(params, self.args.device)
+        return current
+
     def _close_window(self, model: torch.nn.Module, micro_batches: int, deferred: bool) -> None:
         """Sum the window's gradients over the ranks and feed El Che the window's timings."""
         device = self.args.device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        params = [p for p in model.parameters() if p.requires_grad]
-        if self._elche_sum is None or len(self._elche_sum.params) != len(params) or any(
-                a is not b for a, b in zip(self._elche_sum.params, params)):
-            self._elche_sum = GradSum(params, device)
         world, rank = self._elche_world, self._elche_rank
         extra = [0.0] * (3 * world + 2)
         extra[rank], extra[world + rank], extra[2 * world + rank] = (
             self._elche_wall * 1000.0, self._elche_work, self._elche_sync_ms)
         extra[-2], extra[-1] = self._elche_denominator, float(self._elche_loss)
         start = time.perf_counter()
-        sums = self._elche_sum.reduce(extra, divisor_slot=len(extra) - 2 if deferred else None)
+        sums = self._grad_sum(model).reduce(extra, divisor_slot=len(extra) - 2 if deferred else None)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         sync_ms = (time.perf_counter() - start) * 1000.0
@@ -563,6 +585,29 @@ class ElCheTrainer(Trainer):
             return
         state = {"format": _STATE_FORMAT, "global_micro_batch": plan.global_micro_batch,
                  "micro_batches_per_window": plan.micro_batches_per_window, "world_size": self._elche_world,
-                 "batch_sizes": list(plan.sizes), "elche": None if self._elche is None else self._elche.state_dict()}
+                 "batch_sizes": list(plan.sizes), "elche": None if self._elche is None else self._elche.state_dict(),
+                 "step": self.state.global_step, "plan": self._recorded(self.state.global_step)}
         with atomic_path(os.path.join(folder, STATE_FILE)) as tmp:
             tmp.write_text(json.dumps(state, indent=1), encoding="utf-8")
+        self._write_plan()
+
+    def _recorded(self, windows: int) -> dict | None:
+        """The split of the first ``windows`` windows (drawn ones beyond them were not trained: a loader reads
+        ahead), or None when the record does not start at the run's first window."""
+        plan = self._elche_plan
+        if plan is None:
+            return None
+        record = plan.record.to_dict()
+        if record is not None:
+            record["splits"] = [entry for entry in record["splits"] if entry[0] < max(windows, 1)]
+        return record
+
+    def _write_plan(self) -> None:
+        """``output_dir/elche_plan.json``: the split of every window trained so far, for
+        ``ElCheArguments(replay_plan=...)`` (rank 0, on several ranks only)."""
+        record = self._recorded(self.state.global_step) if self._elche_on else None
+        if record is None or not self.args.should_save:
+            return
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        with atomic_path(os.path.join(self.args.output_dir, PLAN_FILE)) as tmp:
+            tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")

@@ -66,6 +66,8 @@ def test_iterable_train_set_refused(tmp_path):
     ({"batch_sizes": [4, 0]}, "batch_sizes=[4, 0]"),
     ({"batch_sizes": [4, 4], "speed_hint": (1, 2.0)}, "speed_hint and batch_sizes"),
     ({"loss_items": 3.0}, "loss_items=3.0) is invalid: give a function of a collated batch"),
+    ({"replay_plan": 3}, "replay_plan=3) is invalid: give the path of an elche_plan.json"),
+    ({"replay_plan": "p.json", "batch_sizes": [4, 4]}, "replay_plan and batch_sizes both set"),
 ])
 def test_el_che_arguments_refused(kw, named):
     with pytest.raises(ValueError) as excinfo:
@@ -131,6 +133,51 @@ def test_el_che_settings_that_do_not_fit_the_ranks(tmp_path):
     for messages in [value for _, value in run_ranks(_on_two_ranks, 2, str(tmp_path / "out"), timeout=120)]:
         for (_, named), text in zip(MISFITS, messages, strict=True):
             assert named in text and "\n" not in text, text
+
+
+def _plan(world: int, batch: int, ga: int) -> dict:
+    return {"format": 1, "world": world, "batch_size": batch, "anchors": [[0, ga]],
+            "splits": [[0, [batch * world - world + 1] + [1] * (world - 1)]]}
+
+
+REPLAYS = [  # (file name, content or None for a FIFO, what the one-line refusal says)
+    ("fifo", None, "is not a regular file (a FIFO, socket or device)"),
+    ("garbage.json", "{", "cannot be read as a recorded plan (JSONDecodeError"),
+    ("deep.json", "[" * 200_000 + "]" * 200_000, "cannot be read as a recorded plan (RecursionError"),
+    ("list.json", "[]", "is not a recorded El Che plan (got list, not a dict): pass the elche_plan.json"),
+    ("three.json", _plan(3, 4, 1), "was recorded on 3 ranks with per_device_train_batch_size=4, but this run has 2 x 4"),
+    ("ga.json", _plan(2, 4, 2), "was recorded with gradient_accumulation_steps=2, this run has 1: pass "
+                                "gradient_accumulation_steps=2"),
+]
+
+
+def _replays_on_two_ranks(rank: int, world: int, out: str) -> list[str]:
+    args = TrainingArguments(output_dir=out, use_cpu=True, report_to=[], per_device_train_batch_size=4, max_steps=1)
+    messages = []
+    for name, _, _ in REPLAYS:
+        try:
+            ElCheTrainer(model=_model(), args=args, train_dataset=_Rows(),
+                         elche=ElCheArguments(replay_plan=f"{out}/{name}"))
+            messages.append("constructed")
+        except ValueError as exc:
+            messages.append(str(exc))
+    return messages
+
+
+def test_a_plan_that_does_not_fit_is_refused_at_construction(tmp_path):
+    import json
+    import os
+
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, content, _ in REPLAYS:
+        if content is None:
+            os.mkfifo(out / name)  # read, it would block for ever
+        else:
+            (out / name).write_text(content if isinstance(content, str) else json.dumps(content))
+    for messages in [value for _, value in run_ranks(_replays_on_two_ranks, 2, str(out), timeout=120)]:
+        for (_, _, said), text in zip(REPLAYS, messages, strict=True):
+            assert said in text and "ElCheArguments.replay_plan" in text and "\n" not in text, text
 
 
 BAD_FORMAT = '{"format": "x", "global_micro_batch": 8, "micro_batches_per_window": 1}'

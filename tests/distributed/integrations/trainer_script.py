@@ -162,8 +162,9 @@ def overriding(base: type, how: str) -> type:
 def model(case: dict) -> torch.nn.Module:
     torch.manual_seed(case["init_seed"])
     cfg = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-                     max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                     classifier_dropout=0.0, num_labels=3)
+                     max_position_embeddings=32, hidden_dropout_prob=case.get("dropout", 0.0),
+                     attention_probs_dropout_prob=case.get("dropout", 0.0), classifier_dropout=case.get("dropout", 0.0),
+                     num_labels=3)
     cls = BertForTokenClassification if case["model"] == "token" else BertForSequenceClassification
     net = cls(cfg)
     if case.get("lora"):
@@ -207,6 +208,10 @@ def train(case: dict, out: str) -> None:
 
         slow = case.get("slow", {}).get(str(rank))
         callbacks = ([Slow(slow)] if slow else []) + ([ExitAt(case["exit_at"])] if case.get("exit_at") else [])
+        per_row = case.get("slow_rows", {}).get(str(rank))
+        if per_row:  # a slower device: a sleep per row inside the forward, which El Che's timing sees
+            common["model"].register_forward_pre_hook(
+                lambda module, args, kwargs: time.sleep(per_row * kwargs["input_ids"].shape[0]), with_kwargs=True)
         cls = overriding(ElCheTrainer, case["override"]) if case.get("override") else ElCheTrainer
         declared = {"loss_items": weighted_items} if case.get("override") == "weighted" else {}
         trainer = cls(train_dataset=Rows(data), elche=ElCheArguments(**case.get("elche", {}), **declared),
