@@ -14,11 +14,6 @@ gradient that changed after its bucket left (a parameter accumulated twice in on
 activation checkpointing). If any rank raised that flag, every rank reduces the window again from its gradients,
 which were left untouched, so the result is the same either way. A parameter no rank gave a gradient ends with
 ``grad = None`` on every rank, as on one process, so Adam-type optimizers skip it.
-
-A lookup table's gradient (a word embedding's: tens of thousands of rows, a few thousand looked up per batch) is
-zero in every row no rank's batch looked up. Its rows are reduced at the end: which rows hold a gradient on each
-rank rides in the small collective, and only the union is summed, the same numbers DDP sums, in a fraction of the
-bytes (it is the last gradient backward produces, so nothing could overlap it anyway).
 """
 
 from __future__ import annotations
@@ -42,13 +37,13 @@ def broadcast_module(module: torch.nn.Module) -> None:
             dist.broadcast(tensor.data, src=0)
 
 
-def _buckets(indices: Sequence[int], sizes: Sequence[int], first: int, rest: int) -> list[list[int]]:
-    """``indices`` in reverse order, cut into buckets of at most ``first`` elements, then ``rest`` (a larger tensor
-    alone)."""
+def _buckets(sizes: Sequence[int], first: int, rest: int) -> list[list[int]]:
+    """Parameter indices in reverse order, cut into buckets of at most ``first`` elements, then ``rest`` (a larger
+    tensor alone)."""
     buckets: list[list[int]] = []
     current: list[int] = []
     size, cap = 0, first
-    for i in reversed(indices):
+    for i in reversed(range(len(sizes))):
         if current and size + sizes[i] > cap:
             buckets.append(current)
             current, size, cap = [], 0, rest
@@ -63,16 +58,11 @@ class GradSum:
     """The SUM all-reduce of the trainable parameters' gradients at a window's end, overlapped with its last
     backward when :meth:`arm` is called before it."""
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], device: torch.device, *, rows: Sequence[int] = (),
+    def __init__(self, params: Sequence[torch.nn.Parameter], device: torch.device, *,
                  first_bucket: int = _FIRST_BUCKET_ELEMENTS, bucket: int = _BUCKET_ELEMENTS) -> None:
         self.params = list(params)
         self.device = device
-        #: the parameters (indices) reduced by rows at the end: those of a lookup table, whose gradient is zero in
-        #: every row no rank's batch looked up (a word embedding: a few thousand of its tens of thousands of rows)
-        self.rows = [i for i in rows if self.params[i].dim() == 2]
-        by_rows = set(self.rows)
-        dense = [i for i in range(len(self.params)) if i not in by_rows]
-        self.buckets = _buckets(dense, [p.numel() for p in self.params], first_bucket, bucket)
+        self.buckets = _buckets([p.numel() for p in self.params], first_bucket, bucket)
         self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket}
         self._flats = [torch.empty(sum(self.params[i].numel() for i in bucket), dtype=torch.float32, device=device)
                        for bucket in self.buckets]
@@ -82,7 +72,7 @@ class GradSum:
         self._handles: list[Any] = []  # the all-reduce of each bucket launched so far, in bucket order
         #: whether the last window's gradients were reduced twice (a gradient changed after its bucket left)
         self.late = False
-        self._hooks = [self.params[i].register_post_accumulate_grad_hook(self._hook(i)) for i in dense]
+        self._hooks = [p.register_post_accumulate_grad_hook(self._hook(i)) for i, p in enumerate(self.params)]
 
     def close(self) -> None:
         """Remove the gradient hooks (the parameters changed; a new GradSum takes over)."""
@@ -141,25 +131,19 @@ class GradSum:
         self._launch(complete_only=False)
         self._armed = False
         params = self.params
-        n_head = len(params) + 1 + len(extra)
         head = torch.tensor([0.0 if p.grad is None else 1.0 for p in params] + [float(self.late)]
                             + [float(x) for x in extra], dtype=torch.float64, device=self.device)
-        # which rows of each lookup table hold a gradient on this rank, riding in the same collective
-        masks = [torch.zeros(params[i].shape[0], dtype=torch.float64, device=self.device) if params[i].grad is None
-                 else torch.count_nonzero(params[i].grad.detach(), dim=1).gt(0).to(torch.float64) for i in self.rows]
-        head = torch.cat([head, *masks])
         dist.all_reduce(head)
         for handle in self._handles:
             handle.wait()
-        summed = head[:n_head].tolist()
+        summed = head.tolist()
         presence, late, out = summed[: len(params)], summed[len(params)], summed[len(params) + 1:]
-        divisor = out[divisor_slot] if divisor_slot is not None else None
-        self._reduce_rows(head[n_head:], presence, divisor)
         self.late = bool(late)
         if late:  # a gradient changed after its bucket left, on some rank: reduce the untouched gradients again
             for b in range(len(self.buckets)):
                 self._fill(b)
                 dist.all_reduce(self._flats[b])
+        divisor = out[divisor_slot] if divisor_slot is not None else None
         for bucket, flat in zip(self.buckets, self._flats):
             if divisor:
                 flat.div_(divisor)
@@ -177,31 +161,3 @@ class GradSum:
                 offset += n
         self._handles = []
         return out
-
-    def _reduce_rows(self, masks: torch.Tensor, presence: list[float], divisor: float | None) -> None:
-        """Sum the lookup tables' gradients over the rows some rank gave one (the others are zero everywhere)."""
-        pending = []
-        offset = 0
-        for i in self.rows:
-            p = self.params[i]
-            rows = p.shape[0]
-            union = masks[offset:offset + rows].gt(0).nonzero().squeeze(1)
-            offset += rows
-            if presence[i] == 0:
-                p.grad = None
-                continue
-            if len(union) == 0:  # a gradient present somewhere, zero everywhere: zero here too
-                p.grad = torch.zeros_like(p) if p.grad is None else p.grad
-                continue
-            if p.grad is None:
-                part = torch.zeros(len(union), *p.shape[1:], dtype=torch.float32, device=self.device)
-            else:
-                part = p.grad.detach().index_select(0, union).to(torch.float32)
-            pending.append((p, union, part, dist.all_reduce(part, async_op=True)))
-        for p, union, part, handle in pending:
-            handle.wait()
-            if divisor:
-                part.div_(divisor)
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            p.grad.index_copy_(0, union, part.to(p.grad.dtype))

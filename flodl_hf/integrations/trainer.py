@@ -59,7 +59,6 @@ STATE_FILE = "elche_trainer.json"
 #: The split plan a multi-rank run followed, in its output_dir (``ElCheArguments(replay_plan=...)`` replays it).
 PLAN_FILE = "elche_plan.json"
 _STATE_FORMAT = 1
-_TABLE_ROWS = 1024  # an embedding this large is reduced by the rows a batch looked up (GradSum's rows)
 
 
 def _read_state(path: str) -> dict:
@@ -536,10 +535,7 @@ class ElCheTrainer(Trainer):
                 a is not b for a, b in zip(current.params, params)):
             if current is not None:
                 current.close()
-            tables = {id(m.weight) for m in model.modules()
-                      if isinstance(m, torch.nn.Embedding) and m.num_embeddings >= _TABLE_ROWS}
-            self._elche_sum = current = GradSum(params, self.args.device,
-                                                rows=[i for i, p in enumerate(params) if id(p) in tables])
+            self._elche_sum = current = GradSum(params, self.args.device)
         return current
 
     def _close_window(self, model: torch.nn.Module, micro_batches: int, deferred: bool) -> None:
