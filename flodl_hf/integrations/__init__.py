@@ -8,6 +8,7 @@ class name only. Importing this package imports transformers (the integration is
 from __future__ import annotations
 
 from .arguments import MIN_TRANSFORMERS, ElCheArguments
-from .trainer import STATE_FILE, ElCheTrainer
+from .state import PLAN_FILE, STATE_FILE
+from .trainer import ElCheTrainer
 
-__all__ = ["MIN_TRANSFORMERS", "STATE_FILE", "ElCheArguments", "ElCheTrainer"]
+__all__ = ["MIN_TRANSFORMERS", "PLAN_FILE", "STATE_FILE", "ElCheArguments", "ElCheTrainer"]

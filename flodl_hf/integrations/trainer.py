@@ -17,14 +17,14 @@ How it maps onto Trainer (transformers 5.0+, read from the 5.24 source; see ``..
   each rank scales its part of a micro-batch to its share of the loss one process computes for the whole
   micro-batch (``_contribution``). A one-micro-batch window needs no such collective: each rank back-propagates its
   loss sum and the reduced gradient is divided by the summed count, which rides with it.
-* **Checkpoints.** Trainer's own, plus ``elche_trainer.json`` (the global micro-batch and window shape, El Che's
-  state): a resume on any number of ranks keeps the effective batch and sees every remaining sample once.
+* **Checkpoints.** Trainer's own, plus ``elche_trainer.json`` (``flodl_hf.integrations.state``: the global
+  micro-batch and window shape, El Che's state, the splits so far): a resume on any number of ranks keeps the
+  effective batch and sees every remaining sample once. ``output_dir/elche_plan.json`` is the run's split plan.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from collections import deque
@@ -39,7 +39,6 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, seed_worker
 
 from ..elche.scheduler import ElChe
-from ..files.atomic import atomic_path
 from .arguments import ElCheArguments, check_trainer
 from .plan import (
     WEIGHT_KEY,
@@ -51,27 +50,10 @@ from .plan import (
     equal_sizes,
 )
 from .reduce import GradSum, broadcast_module
+from .state import PLAN_FILE, STATE_FILE, check_resume, checkpoint_state, read_state, recorded, write_json
 
-__all__ = ["PLAN_FILE", "STATE_FILE", "ElCheTrainer"]
+__all__ = ["ElCheTrainer"]
 
-#: What ElCheTrainer adds to each Trainer checkpoint directory.
-STATE_FILE = "elche_trainer.json"
-#: The split plan a multi-rank run followed, in its output_dir (``ElCheArguments(replay_plan=...)`` replays it).
-PLAN_FILE = "elche_plan.json"
-_STATE_FORMAT = 1
-
-
-def _read_state(path: str) -> dict:
-    """A checkpoint's ``elche_trainer.json``, refused in one line when it is not one this version wrote."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            state = json.load(f)
-        int(state["global_micro_batch"]), int(state["micro_batches_per_window"]), int(state["format"])
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise ValueError(f"ElCheTrainer: {path} is not a readable El Che state ({type(exc).__name__}: {exc}): "
-                         "resume from another checkpoint, or delete that file to resume without El Che's state"
-                         ) from None
-    return state
 
 
 class _PlanCallback(TrainerCallback):
@@ -191,7 +173,7 @@ class ElCheTrainer(Trainer):
         if path is not None:
             state_file = os.path.join(path, STATE_FILE)
             if os.path.isfile(state_file):
-                self._elche_resume = self._check_resume(_read_state(state_file), str(path))
+                self._elche_resume = self._check_resume(read_state(state_file), str(path))
             elif self.is_world_process_zero():
                 print(f"ElCheTrainer: {path} has no {STATE_FILE} (not written by ElCheTrainer): the data position "
                       "is recomputed from this run's batch size", flush=True)
@@ -278,32 +260,11 @@ class ElCheTrainer(Trainer):
         return torch.utils.data.DataLoader(WeightedRows(dataset), **params)  # its epoch: _PlanCallback
 
     def _check_resume(self, state: dict, path: str) -> dict:
-        """The one rule of a resume, checked before Trainer loads anything: the checkpoint's global micro-batch ``U``
-        and micro-batches per step are kept (so the optimizer steps and the schedule stay the same), each of the
-        ``W`` ranks' batch becomes ``U / W``, and a pinned split sums to ``U``. Refused in one line naming what works."""
-        world, ga = self._elche_world, self.args.gradient_accumulation_steps
-        if int(state.get("format", 0)) != _STATE_FORMAT:
-            raise ValueError(f"ElCheTrainer: {STATE_FILE} has format {state.get('format')!r}, this version "
-                             f"reads {_STATE_FORMAT}: resume with the flodl-hf version that wrote it")
-        if int(state["micro_batches_per_window"]) != ga:
-            raise ValueError(
-                f"ElCheTrainer: gradient_accumulation_steps={ga} but the checkpoint was written with "
-                f"{state['micro_batches_per_window']}: pass gradient_accumulation_steps="
-                f"{state['micro_batches_per_window']} to resume it")
+        """``state.check_resume``; rank 0 says when the resumed batch per rank is not per_device_train_batch_size."""
+        world = self._elche_world
+        check_resume(state, path, world=world, ga=self.args.gradient_accumulation_steps,
+                     pinned=self.elche_args.batch_sizes)
         unit = int(state["global_micro_batch"])
-        if unit < 1 or unit % world != 0:
-            fits = [w for w in range(1, unit + 1) if unit % w == 0]
-            raise ValueError(
-                f"ElCheTrainer: the checkpoint {path} trains global micro-batches of {unit} samples (kept on resume, "
-                f"so each rank's batch is {unit} / world size), which {world} ranks cannot share: resume it on "
-                f"{', '.join(map(str, fits))} ranks")
-        pinned = self.elche_args.batch_sizes
-        if world > 1 and pinned is not None and sum(pinned) != unit:
-            raise ValueError(
-                f"ElCheTrainer: ElCheArguments(batch_sizes={list(pinned)!r}) sums to {sum(pinned)}, but the checkpoint "
-                f"{path} trains global micro-batches of {unit} samples (kept on resume): pass "
-                f"per_device_train_batch_size={unit // world} and batch_sizes={equal_sizes(world, unit)!r} (or any "
-                f"{world} sizes >= 1 summing to {unit})")
         if unit != self.args.train_batch_size * world and self.is_world_process_zero():
             print(f"ElCheTrainer: resuming {path} keeps its global micro-batch of {unit} samples: each of the {world} "
                   f"ranks trains {unit // world} per micro-batch (per_device_train_batch_size is "
@@ -583,31 +544,13 @@ class ElCheTrainer(Trainer):
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         if not os.path.isdir(folder):
             return
-        state = {"format": _STATE_FORMAT, "global_micro_batch": plan.global_micro_batch,
-                 "micro_batches_per_window": plan.micro_batches_per_window, "world_size": self._elche_world,
-                 "batch_sizes": list(plan.sizes), "elche": None if self._elche is None else self._elche.state_dict(),
-                 "step": self.state.global_step, "plan": self._recorded(self.state.global_step)}
-        with atomic_path(os.path.join(folder, STATE_FILE)) as tmp:
-            tmp.write_text(json.dumps(state, indent=1), encoding="utf-8")
+        write_json(os.path.join(folder, STATE_FILE),
+                   checkpoint_state(plan, self._elche_world, self._elche, self.state.global_step))
         self._write_plan()
-
-    def _recorded(self, windows: int) -> dict | None:
-        """The split of the first ``windows`` windows (drawn ones beyond them were not trained: a loader reads
-        ahead), or None when the record does not start at the run's first window."""
-        plan = self._elche_plan
-        if plan is None:
-            return None
-        record = plan.record.to_dict()
-        if record is not None:
-            record["splits"] = [entry for entry in record["splits"] if entry[0] < max(windows, 1)]
-        return record
 
     def _write_plan(self) -> None:
         """``output_dir/elche_plan.json``: the split of every window trained so far, for
         ``ElCheArguments(replay_plan=...)`` (rank 0, on several ranks only)."""
-        record = self._recorded(self.state.global_step) if self._elche_on else None
-        if record is None or not self.args.should_save:
-            return
-        os.makedirs(self.args.output_dir, exist_ok=True)
-        with atomic_path(os.path.join(self.args.output_dir, PLAN_FILE)) as tmp:
-            tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
+        record = recorded(self._elche_plan, self.state.global_step) if self._elche_on else None
+        if record is not None and self.args.should_save:
+            write_json(os.path.join(self.args.output_dir, PLAN_FILE), record)

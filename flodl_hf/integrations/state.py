@@ -1,0 +1,91 @@
+"""What `ElCheTrainer` keeps across runs: El Che's state in each checkpoint, the one rule of a resume, the plan file.
+
+Why it exists: a Trainer checkpoint holds the model, optimizer, scheduler and Trainer's counters, but not what
+El Che needs to go on exactly: the global micro-batch and window shape the run trained (so a resume on another
+number of ranks keeps the optimizer steps the same size and sees every remaining sample once), El Che's measured
+speeds, and the split of every window so far. This module reads and writes that state (``elche_trainer.json`` in
+each checkpoint), checks a resume against it before Trainer loads anything, and writes the run's split plan
+(``elche_plan.json`` in ``output_dir``), which ``ElCheArguments(replay_plan=...)`` replays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ..files.atomic import atomic_path
+from .plan import WindowPlan, equal_sizes
+
+__all__ = ["PLAN_FILE", "STATE_FILE", "check_resume", "checkpoint_state", "read_state", "recorded", "write_json"]
+
+#: What ElCheTrainer adds to each Trainer checkpoint directory.
+STATE_FILE = "elche_trainer.json"
+#: The split plan a multi-rank run followed, in its output_dir (``ElCheArguments(replay_plan=...)`` replays it).
+PLAN_FILE = "elche_plan.json"
+_STATE_FORMAT = 1
+
+
+def read_state(path: str) -> dict:
+    """A checkpoint's ``elche_trainer.json``, refused in one line when it is not one this version wrote."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+        int(state["global_micro_batch"]), int(state["micro_batches_per_window"]), int(state["format"])
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"ElCheTrainer: {path} is not a readable El Che state ({type(exc).__name__}: {exc}): "
+                         "resume from another checkpoint, or delete that file to resume without El Che's state"
+                         ) from None
+    return state
+
+
+def check_resume(state: dict, path: str, *, world: int, ga: int, pinned: list[int] | None) -> dict:
+    """The one rule of a resume, checked before Trainer loads anything: the checkpoint's global micro-batch ``U``
+    and micro-batches per step are kept (so the optimizer steps and the schedule stay the same), each of the ``W``
+    ranks' batch becomes ``U / W``, and a pinned split sums to ``U``. Refused in one line naming what works."""
+    if int(state.get("format", 0)) != _STATE_FORMAT:
+        raise ValueError(f"ElCheTrainer: {STATE_FILE} has format {state.get('format')!r}, this version "
+                         f"reads {_STATE_FORMAT}: resume with the flodl-hf version that wrote it")
+    if int(state["micro_batches_per_window"]) != ga:
+        raise ValueError(
+            f"ElCheTrainer: gradient_accumulation_steps={ga} but the checkpoint was written with "
+            f"{state['micro_batches_per_window']}: pass gradient_accumulation_steps="
+            f"{state['micro_batches_per_window']} to resume it")
+    unit = int(state["global_micro_batch"])
+    if unit < 1 or unit % world != 0:
+        fits = [w for w in range(1, unit + 1) if unit % w == 0]
+        raise ValueError(
+            f"ElCheTrainer: the checkpoint {path} trains global micro-batches of {unit} samples (kept on resume, "
+            f"so each rank's batch is {unit} / world size), which {world} ranks cannot share: resume it on "
+            f"{', '.join(map(str, fits))} ranks")
+    if world > 1 and pinned is not None and sum(pinned) != unit:
+        raise ValueError(
+            f"ElCheTrainer: ElCheArguments(batch_sizes={list(pinned)!r}) sums to {sum(pinned)}, but the checkpoint "
+            f"{path} trains global micro-batches of {unit} samples (kept on resume): pass "
+            f"per_device_train_batch_size={unit // world} and batch_sizes={equal_sizes(world, unit)!r} (or any "
+            f"{world} sizes >= 1 summing to {unit})")
+    return state
+
+
+def recorded(plan: WindowPlan | None, windows: int) -> dict | None:
+    """The split of the first ``windows`` windows (drawn ones beyond them were not trained: a loader reads ahead),
+    or None when the record does not start at the run's first window."""
+    record = None if plan is None else plan.record.to_dict()
+    if record is not None:
+        record["splits"] = [entry for entry in record["splits"] if entry[0] < max(windows, 1)]
+    return record
+
+
+def checkpoint_state(plan: WindowPlan, world: int, elche: Any, step: int) -> dict:
+    """``elche_trainer.json`` of a checkpoint after ``step`` optimizer steps."""
+    return {"format": _STATE_FORMAT, "global_micro_batch": plan.global_micro_batch,
+            "micro_batches_per_window": plan.micro_batches_per_window, "world_size": world,
+            "batch_sizes": list(plan.sizes), "elche": None if elche is None else elche.state_dict(),
+            "step": step, "plan": recorded(plan, step)}
+
+
+def write_json(path: str, data: Any) -> None:
+    """``data`` as indented JSON at ``path``, written whole or not at all."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
