@@ -13,7 +13,9 @@ that carries which parameters have a gradient anywhere, El Che's per-rank timing
 gradient that changed after its bucket left (a parameter accumulated twice in one backward, e.g. through reentrant
 activation checkpointing). If any rank raised that flag, every rank reduces the window again from its gradients,
 which were left untouched, so the result is the same either way. A parameter no rank gave a gradient ends with
-``grad = None`` on every rank, as on one process, so Adam-type optimizers skip it.
+``grad = None`` on every rank, as on one process, so Adam-type optimizers skip it. The others' summed gradients
+are views of the buckets (DDP's ``gradient_as_bucket_view``), which saves copying them back; Trainer sets them to
+None after each step, and one still there when the next window's last backward begins gets its own memory first.
 """
 
 from __future__ import annotations
@@ -82,6 +84,9 @@ class GradSum:
 
     def arm(self) -> None:
         """The next backward is the window's last: start each bucket's all-reduce as soon as it is complete."""
+        for p in self.params:  # a gradient left as a view of a bucket (not set to None since) gets its own memory
+            if p.grad is not None and p.grad._base is not None and any(p.grad._base is f for f in self._flats):
+                p.grad = p.grad.clone()
         self._armed = True
         self._ready = [False] * len(self.params)
         self._missing = [len(bucket) for bucket in self.buckets]
@@ -154,8 +159,10 @@ class GradSum:
                     p.grad = None
                 else:
                     value = flat[offset:offset + n].view_as(p)
-                    if p.grad is None:
-                        p.grad = value.to(p.dtype).clone()
+                    if p.dtype == value.dtype:
+                        p.grad = value  # the bucket is the gradient until it is set to None: no copy back
+                    elif p.grad is None:
+                        p.grad = value.to(p.dtype)
                     else:
                         p.grad.copy_(value)
                 offset += n

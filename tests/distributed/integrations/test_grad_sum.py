@@ -1,7 +1,9 @@
 """ElCheTrainer's gradient reduction, overlapped with backward, against the plain sum of every rank's gradients.
 
 ``GradSum`` starts each bucket's all-reduce during the window's last backward pass. Seeded random cases on 2 and 3
-gloo ranks: windows of 1 to 3 micro-batches (the reduction armed before the last backward only), per-rank batch
+gloo ranks: two windows of 1 to 3 micro-batches each (the reduction armed before the last backward only; between
+them the gradients are set to None, as Trainer does, or zeroed in place, so that the second window accumulates into
+the first one's summed gradients, which are views of the buckets), per-rank batch
 sizes and loss scales, bucket caps from one tensor per bucket to one bucket for all, a parameter that one rank
 leaves without a gradient, one that no rank uses, a window denominator summed at the end, and (in half the cases)
 a parameter accumulated twice in one backward through reentrant activation checkpointing, whose gradient changes
@@ -47,21 +49,32 @@ class Net(torch.nn.Module):
 def draw(seed: int, world: int) -> dict:
     rng = random.Random(seed)
     return {"seed": seed, "micro": rng.randint(1, 3), "twice": seed % 2 == 1, "skip": rng.randrange(world),
+            "to_none": rng.random() < 0.5,
             "first": rng.choice([1, 20, 10**6]), "bucket": rng.choice([1, 50, 10**6]),
             "sizes": [[rng.randint(1, 5) for _ in range(world)] for _ in range(3)],
             "scales": [rng.choice([0.5, 1.0, 2.0]) for _ in range(world)],
             "denominators": [rng.choice([0, 3, 7]) for _ in range(world)], "divide": rng.random() < 0.5}
 
 
-def backward(net: Net, case: dict, rank: int, before_last=None) -> None:
-    """Rank ``rank``'s window on ``net``: its micro-batches of the case, ``before_last()`` before the last one."""
-    g = torch.Generator().manual_seed(case["seed"] * 100 + rank)
+def backward(net: Net, case: dict, rank: int, window: int, before_last=None) -> None:
+    """Rank ``rank``'s micro-batches of window ``window`` on ``net``, ``before_last()`` before the last one."""
+    g = torch.Generator().manual_seed(case["seed"] * 100 + rank + 1000 * window)
     for k in range(case["micro"]):
         x = torch.randn(case["sizes"][k][rank], 6, generator=g)
         out = net(x, case["twice"], skip=rank == case["skip"])
         if k == case["micro"] - 1 and before_last is not None:
             before_last()
         (out.pow(2).sum() * case["scales"][rank]).backward()
+
+
+def _compare(params: list, expected: list) -> tuple[float, bool]:
+    """The largest difference, relative to the largest gradient (3 ranks may sum in another order than the
+    reference's rank order), and whether the same parameters have a gradient."""
+    same_presence = all((p.grad is None) == (e is None) for p, e in zip(params, expected))
+    scale = max(e.abs().max().item() for e in expected if e is not None)
+    diff = max((p.grad - e).abs().max().item() for p, e in zip(params, expected)
+               if p.grad is not None and e is not None) / max(scale, 1.0)
+    return diff, same_presence
 
 
 def _ranks(rank: int, world: int, seeds: list[int]) -> list[tuple[int, float, bool, bool]]:
@@ -75,30 +88,34 @@ def _ranks(rank: int, world: int, seeds: list[int]) -> list[tuple[int, float, bo
         net = Net()
         params = [p for p in net.parameters()]
         reduce = GradSum(params, torch.device("cpu"), first_bucket=case["first"], bucket=case["bucket"])
-        backward(net, case, rank, before_last=reduce.arm)
-        extra = [float(rank + 1), float(case["denominators"][rank])]
-        summed = reduce.reduce(extra, divisor_slot=1 if case["divide"] else None)
-        late = reduce.late
-        reduce.close()
-        # the reference: every rank's window in one process, without hooks, summed in rank order
-        expected: list[torch.Tensor | None] = [None] * len(params)
+        # the reference: every rank's windows in one process, without hooks, summed in rank order
+        references = []
         for q in range(world):
             torch.manual_seed(seed)
-            ref = Net()
-            backward(ref, case, q)
-            for i, p in enumerate(ref.parameters()):
-                if p.grad is not None:
-                    expected[i] = p.grad.clone() if expected[i] is None else expected[i] + p.grad
+            references.append(Net())
+        late, worst, presence = False, 0.0, True
         total = sum(case["denominators"])
-        if case["divide"] and total:
-            expected = [None if e is None else e / total for e in expected]
-        same_presence = all((p.grad is None) == (e is None) for p, e in zip(params, expected))
-        # relative to the largest gradient: 3 ranks may sum in another order than the reference's rank order
-        scale = max(e.abs().max().item() for e in expected if e is not None)
-        diff = max((p.grad - e).abs().max().item() for p, e in zip(params, expected)
-                   if p.grad is not None and e is not None) / max(scale, 1.0)
-        assert summed == [sum(range(1, world + 1)), float(total)], summed
-        results.append((seed, diff, same_presence, late))
+        for window in range(2):  # between the windows, the gradients are set to None or zeroed in place
+            if window:
+                for model in [net, *references]:
+                    model.zero_grad(set_to_none=case["to_none"])
+            backward(net, case, rank, window, before_last=reduce.arm)
+            extra = [float(rank + 1), float(case["denominators"][rank])]
+            summed = reduce.reduce(extra, divisor_slot=1 if case["divide"] else None)
+            assert summed == [sum(range(1, world + 1)), float(total)], summed
+            late = late or reduce.late
+            expected: list[torch.Tensor | None] = [None] * len(params)
+            for q, ref in enumerate(references):
+                backward(ref, case, q, window)
+                for i, p in enumerate(ref.parameters()):
+                    if p.grad is not None:
+                        expected[i] = p.grad.clone() if expected[i] is None else expected[i] + p.grad
+            if case["divide"] and total:
+                expected = [None if e is None else e / total for e in expected]
+            diff, same = _compare(params, expected)
+            worst, presence = max(worst, diff), presence and same
+        reduce.close()
+        results.append((seed, worst, presence, late))
     return results
 
 
