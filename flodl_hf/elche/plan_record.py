@@ -109,10 +109,11 @@ class PlanReplay:
         self._anchors = [int(a[1]) for a in plan["anchors"]]
         self.anchors = list(self._anchors)
         self.splits: list[tuple[int, list[int]]] = [(int(g), list(s)) for g, s in plan["splits"]]
+        self._split_starts = [g for g, _ in self.splits]
 
     def split(self, draw: int) -> list[int]:
         """The recorded split of plan step ``draw`` (the last one recorded, past the record's end)."""
-        return list(self.splits[bisect.bisect_right([g for g, _ in self.splits], draw) - 1][1])
+        return list(self.splits[bisect.bisect_right(self._split_starts, draw) - 1][1])
 
     def anchor(self, window: int) -> int:
         """The recorded anchor of window ``window`` (the last one recorded, past the record's end)."""

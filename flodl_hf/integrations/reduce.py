@@ -69,8 +69,8 @@ class GradSum:
         self._flats = [torch.empty(sum(self.params[i].numel() for i in bucket), dtype=torch.float32, device=device)
                        for bucket in self.buckets]
         self._armed = False
-        self._ready = [False] * len(self.params)
-        self._missing = [len(bucket) for bucket in self.buckets]
+        self._ready: list[bool] = []  # which gradients are final in the armed backward
+        self._missing: list[int] = []  # per bucket, how many of its gradients are not final yet
         self._handles: list[Any] = []  # the all-reduce of each bucket launched so far, in bucket order
         #: whether the last window's gradients were reduced twice (a gradient changed after its bucket left)
         self.late = False

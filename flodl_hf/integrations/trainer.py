@@ -55,7 +55,6 @@ from .state import PLAN_FILE, STATE_FILE, check_resume, checkpoint_state, read_s
 __all__ = ["ElCheTrainer"]
 
 
-
 class _PlanCallback(TrainerCallback):
     """Keeps Trainer's state in step with the plan.
 
