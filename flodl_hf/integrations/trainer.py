@@ -14,8 +14,8 @@ How it maps onto Trainer (transformers 5.0+, read from the 5.24 source; see ``..
 * **Data.** The train loader is ours (``flodl_hf.integrations.plan``): Trainer's windows, El Che's split.
 * **Loss.** For a window of several micro-batches, ``get_batch_samples`` sums each micro-batch's item and sample
   counts over the ranks (one small collective per window, like Trainer's own ``average_tokens_across_devices``), so
-  each rank scales its part of a micro-batch to its share of the loss one process computes for the whole
-  micro-batch (``_contribution``). A one-micro-batch window needs no such collective: each rank back-propagates its
+  each rank weighs its part of a micro-batch by its share of the loss one process computes for the whole
+  micro-batch (``flodl_hf.integrations.shares``). A one-micro-batch window needs no such collective: each rank back-propagates its
   loss sum and the reduced gradient is divided by the summed count, which rides with it.
 * **Checkpoints.** Trainer's own, plus ``elche_trainer.json`` (``flodl_hf.integrations.state``: the global
   micro-batch and window shape, El Che's state, the splits so far): a resume on any number of ranks keeps the
@@ -25,10 +25,10 @@ How it maps onto Trainer (transformers 5.0+, read from the 5.24 source; see ``..
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Iterator
 
@@ -50,6 +50,7 @@ from .plan import (
     equal_sizes,
 )
 from .reduce import GradSum, broadcast_module
+from .shares import CountProbe, Part, rank_count, weighed
 from .state import PLAN_FILE, STATE_FILE, check_resume, checkpoint_state, read_state, recorded, write_json
 
 __all__ = ["ElCheTrainer"]
@@ -78,37 +79,6 @@ class _PlanCallback(TrainerCallback):
             sampler.set_epoch(state.global_step // per_epoch)
 
 
-class _CountProbe(torch.Tensor):
-    """``num_items_in_batch`` as handed to the loss once, to learn whether the loss reads it: any torch operation
-    on it, ``int()``, ``float()`` or ``.item()`` included, counts as reading (the autograd graph alone misses a
-    count turned into a Python number)."""
-
-    reads: list[str] = []
-
-    @classmethod
-    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        cls.reads.append(getattr(func, "__name__", str(func)))
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **(kwargs or {}))
-
-
-@dataclass
-class _Part:
-    """One micro-batch of this rank in the current window, queued when the window is drawn.
-
-    ``total_items`` / ``total_samples`` are the counts of the whole global micro-batch (all ranks), or None when
-    the window has one micro-batch and the denominator rides with the gradients instead."""
-
-    weight: int
-    items: int | None
-    total_items: float | None
-    samples: int
-    total_samples: float | None
-    window: int
-    declared: float | None = None  # ElCheArguments.loss_items of this part, and of the whole micro-batch
-    total_declared: float | None = None
-
-
 class ElCheTrainer(Trainer):
     """`transformers.Trainer` with El Che: takes Trainer's arguments, plus ``elche=ElCheArguments(...)``.
 
@@ -133,8 +103,8 @@ class ElCheTrainer(Trainer):
         self._elche: ElChe | None = None
         self._elche_sum: GradSum | None = None
         self._elche_queue: deque = deque()
-        self._elche_honors_items: bool | None = None
-        self._elche_part: _Part | None = None
+        self._elche_whole_count: bool | None = None  # None until the first count is handed to the loss
+        self._elche_part: Part | None = None
         self._elche_wall = 0.0
         self._elche_work = 0.0
         self._elche_sync_ms = 0.0
@@ -383,7 +353,7 @@ class ElCheTrainer(Trainer):
         if n == 1:
             # A one-micro-batch window has one denominator, so it can ride with the gradients (no collective here):
             # each rank back-propagates its loss *sum* and the reduced gradient is divided by the summed count.
-            self._elche_queue.append(_Part(weights[0], items[0], None, samples[0], None, 1,
+            self._elche_queue.append(Part(weights[0], items[0], None, samples[0], None, 1,
                                            declared[0] if declared else None))
             return batches, None
         local = [w * (i or 0) for w, i in zip(weights, items)] + [w * s for w, s in zip(weights, samples)]
@@ -393,7 +363,7 @@ class ElCheTrainer(Trainer):
         totals, sample_totals = counts[:n].tolist(), counts[n:2 * n].tolist()
         declared_totals = counts[2 * n:].tolist() if declared else None
         for k in range(n):
-            self._elche_queue.append(_Part(weights[k], items[k], totals[k], samples[k], sample_totals[k], n,
+            self._elche_queue.append(Part(weights[k], items[k], totals[k], samples[k], sample_totals[k], n,
                                            declared[k] if declared else None,
                                            declared_totals[k] if declared_totals else None))
         if not counted:
@@ -438,15 +408,26 @@ class ElCheTrainer(Trainer):
             # this rank's own count: the loss comes back as a mean over it, whether or not the model uses it
             num_items_in_batch = torch.tensor(float(max(part.items, 1)), device=self.args.device)
         inputs = self._prepare_inputs(inputs)
-        probe = None
-        if not deferred and num_items_in_batch is not None and self._elche_honors_items is None:
-            _CountProbe.reads = []
-            probe = num_items_in_batch.detach().clone().as_subclass(_CountProbe)
-            num_items_in_batch = probe
-        with self.compute_loss_context_manager():
-            loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        whole, probe, rng = num_items_in_batch, None, None
+        if not deferred and whole is not None:
+            if not self._elche_whole_count:
+                num_items_in_batch = rank_count(whole, part)
+            if self._elche_whole_count is None:
+                CountProbe.integral = False
+                num_items_in_batch = probe = num_items_in_batch.detach().clone().as_subclass(CountProbe)
+                rng = _rng_state(self.args.device)
+        with self.compute_loss_context_manager():  # a copy where it may run again: Trainer pops the labels
+            loss = self.compute_loss(model, copy.copy(inputs) if probe is not None else inputs,
+                                     num_items_in_batch=num_items_in_batch)
         if probe is not None:
-            self._elche_honors_items = bool(_CountProbe.reads)
+            self._elche_whole_count = CountProbe.integral
+            if CountProbe.integral:
+                self._check_whole_count()
+                if rank_count(whole, part) is not whole:  # the loss truncated a fractional count: once more
+                    del loss
+                    _set_rng_state(self.args.device, rng)
+                    with self.compute_loss_context_manager():
+                        loss = self.compute_loss(model, inputs, num_items_in_batch=whole)
         del inputs
         steps = self.args.torch_empty_cache_steps
         if steps is not None and self.state.global_step % steps == 0:  # where Trainer's training_step clears it
@@ -454,7 +435,7 @@ class ElCheTrainer(Trainer):
         if deferred:
             loss = loss * float(denominator)  # this rank's loss sum
         else:
-            loss = self._contribution(loss, num_items_in_batch, part)
+            loss = self._contribution(loss, whole, part)
         counts = bool(part.weight and denominator)
         if self.accelerator.sync_gradients:  # the window's last backward: its buckets' all-reduces start within it
             self._grad_sum(model).arm()
@@ -473,19 +454,22 @@ class ElCheTrainer(Trainer):
         # the window's one-process loss, the same on every rank (Trainer logs the mean over ranks of what it gets)
         return torch.tensor(self._elche_logged, device=self.args.device)
 
-    def _contribution(self, loss: torch.Tensor, num_items: Any, part: _Part) -> torch.Tensor:
+    def _contribution(self, loss: torch.Tensor, num_items: Any, part: Part) -> torch.Tensor:
         """This rank's part of the loss one process computes for the whole micro-batch (summed over ranks)."""
-        if part.declared is not None:  # a mean over what ElCheArguments.loss_items declared: weigh by its share
-            loss = loss * (part.declared / part.total_declared) if part.total_declared else loss * 0.0
-        elif not (num_items is not None and self._elche_honors_items):
-            # the loss is a mean over this rank's own items (or samples): weigh it by its share of the micro-batch
-            if part.items is not None:
-                loss = loss * (part.items / part.total_items) if part.total_items > 0 else loss * 0.0
-            else:
-                loss = loss * (part.samples / part.total_samples)
+        loss = weighed(loss, part, whole_count=num_items is not None and bool(self._elche_whole_count))
         if not self._scaled_for_ga(num_items):
             loss = loss / part.window
         return loss
+
+    def _check_whole_count(self) -> None:
+        """A loss that truncates the count is handed the window's whole count, exact for a sum over it; inside a
+        ``compute_loss`` override it may add a term that does not depend on the rows (a penalty), which every rank
+        would then add once: refused before the first update, naming the fix."""
+        if type(self).compute_loss is not ElCheTrainer.compute_loss:
+            raise ValueError(
+                f"{type(self).__name__}.compute_loss: the loss turns num_items_in_batch into a whole number "
+                "(int(), .long(), //, rounding), which ElCheTrainer cannot split exactly between ranks inside a "
+                "compute_loss override: divide by the tensor itself, or by float(num_items_in_batch)")
 
     def _grad_sum(self, model: torch.nn.Module) -> GradSum:
         """The reduction of the model's trainable parameters (rebuilt when they change, e.g. a callback unfreezes)."""
@@ -553,3 +537,14 @@ class ElCheTrainer(Trainer):
         record = recorded(self._elche_plan, self.state.global_step) if self._elche_on else None
         if record is not None and self.args.should_save:
             write_json(os.path.join(self.args.output_dir, PLAN_FILE), record)
+
+
+def _rng_state(device: torch.device) -> tuple:
+    """The random state a forward pass draws from (dropout), to run one again as it was."""
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def _set_rng_state(device: torch.device, state: tuple) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)

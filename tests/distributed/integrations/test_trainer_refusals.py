@@ -193,3 +193,42 @@ def test_a_damaged_el_che_state_is_refused_in_one_line(tmp_path, text):
         trainer.train(resume_from_checkpoint=str(checkpoint))
     assert "is not a readable El Che state" in _message(excinfo) and "resume from another checkpoint" in str(
         excinfo.value)
+
+
+def _whole_count_loss(outputs, labels, num_items_in_batch=None):
+    """A loss that turns the count into a Python integer before dividing by it."""
+    return torch.nn.functional.cross_entropy(outputs["logits"], labels, reduction="sum") / int(num_items_in_batch)
+
+
+class _Penalised(ElCheTrainer):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        return loss + 1e-2 * sum(p.pow(2).sum() for p in model.parameters())
+
+
+def _whole_count_on_two_ranks(rank: int, world: int, out: str) -> tuple[str, bool]:
+    args = TrainingArguments(output_dir=out, use_cpu=True, report_to=[], per_device_train_batch_size=4, max_steps=2,
+                             gradient_accumulation_steps=2, save_strategy="no", disable_tqdm=True)
+    collate = lambda rows: {"input_ids": torch.tensor([r["input_ids"] for r in rows]),
+                            "labels": torch.tensor([r["labels"] for r in rows])}
+    torch.manual_seed(0)  # the same weights on both ranks, so that rank 0's broadcast changes nothing
+    trainer = _Penalised(model=_model(), args=args, train_dataset=_Rows(), data_collator=collate,
+                         compute_loss_func=_whole_count_loss, elche=ElCheArguments(batch_sizes=[5, 3]))
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    try:
+        trainer.train()
+        text = "trained"
+    except ValueError as exc:
+        text = str(exc)
+    untouched = all(torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))
+    return text, untouched
+
+
+def test_an_override_whose_loss_truncates_the_count_is_refused_before_any_update(tmp_path):
+    """Each rank's count is its fractional share of the window's: int() would truncate it, and the whole count
+    instead would count a penalty added in the override once per rank."""
+    for status, value in run_ranks(_whole_count_on_two_ranks, 2, str(tmp_path / "out"), timeout=120):
+        assert status == "ok", value
+        text, untouched = value
+        assert text.startswith("_Penalised.compute_loss: the loss turns num_items_in_batch into a whole number"), text
+        assert "float(num_items_in_batch)" in text and "\n" not in text and untouched, text
