@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from accelerate.utils.memory import clear_device_cache
 from transformers import Trainer, TrainerCallback
+from transformers.trainer_callback import CallbackHandler
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, seed_worker
 
 from ..elche.scheduler import ElChe
@@ -79,6 +80,22 @@ class _PlanCallback(TrainerCallback):
             sampler.set_epoch(state.global_step // per_epoch)
 
 
+class _PlanHandler(CallbackHandler):
+    """Trainer's callback handler, with the plan's callback called first at every event but kept out of
+    ``callbacks``: the public list (``add_callback``, ``pop_callback``, ``callback_handler.callbacks``) stays the
+    user's and Trainer's, as with ``transformers.Trainer``."""
+
+    def __init__(self, handler: CallbackHandler, plan: _PlanCallback) -> None:  # not super(): it adds defaults again
+        self.__dict__.update(handler.__dict__)
+        self._plan = plan
+
+    def call_event(self, event: str, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        hook = getattr(self._plan, event, None)
+        if hook is not None:
+            hook(args, state, control)
+        return super().call_event(event, args, state, control, **kwargs)
+
+
 class ElCheTrainer(Trainer):
     """`transformers.Trainer` with El Che: takes Trainer's arguments, plus ``elche=ElCheArguments(...)``.
 
@@ -113,7 +130,7 @@ class ElCheTrainer(Trainer):
         self._elche_loss: Any = 0.0  # the window's loss (its sum when the denominator is deferred), for Trainer's log
         self._elche_logged = 0.0
         self._elche_sampler: PlanBatchSampler | None = None
-        self.add_callback(_PlanCallback(self))
+        self.callback_handler = _PlanHandler(self.callback_handler, _PlanCallback(self))
 
     # -- properties a user or a callback may read ------------------------------------------------------------
     @property

@@ -1,0 +1,103 @@
+"""What code around a Trainer sees of ElCheTrainer is what it sees of `transformers.Trainer` itself.
+
+Callbacks, subclasses and scripts read the callback list and receive Trainer's events; each check here compares
+ElCheTrainer with `transformers.Trainer` built from the same arguments (one process, and 2 gloo ranks against one
+Trainer process taking the same global batch). Shown failing once: with El Che's epoch-setting callback in the
+public list (as before), the lists differ by one entry and ``pop_callback(DefaultFlowCallback)`` positions shift.
+"""
+
+from __future__ import annotations
+
+import torch
+from dist_helpers import run_ranks
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    DefaultFlowCallback,
+    PrinterCallback,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+
+from flodl_hf.integrations import ElCheTrainer
+
+
+class _Rows(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": torch.tensor([1 + i % 5, 2, 3]), "labels": torch.tensor(i % 2)}
+
+
+class _Events(TrainerCallback):
+    """Records every event it receives, by name, with the step it arrives at."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+
+    def __getattribute__(self, name: str):
+        attr = object.__getattribute__(self, name)
+        if name.startswith("on_") and callable(attr):
+            def record(args, state, control, **kwargs):
+                self.seen.append((name, state.global_step))
+                return attr(args, state, control, **kwargs)
+            return record
+        return attr
+
+
+def _trainer(cls: type, out: str, batch: int, callbacks: list | None = None) -> Trainer:
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1,
+                                                     num_attention_heads=2, intermediate_size=8, num_labels=2))
+    args = TrainingArguments(output_dir=out, use_cpu=True, report_to=[], per_device_train_batch_size=batch,
+                             gradient_accumulation_steps=2, num_train_epochs=2, logging_steps=2, save_strategy="no",
+                             disable_tqdm=True)
+    return cls(model=model, args=args, train_dataset=_Rows(), callbacks=callbacks)
+
+
+def _names(trainer: Trainer) -> list[str]:
+    return [type(c).__name__ for c in trainer.callback_handler.callbacks]
+
+
+def _list_changes(trainer: Trainer) -> list[list[str]]:
+    """The callback list after each of the changes a script makes to it."""
+    lists = [_names(trainer)]
+    trainer.add_callback(PrinterCallback)
+    lists.append(_names(trainer))
+    popped = trainer.pop_callback(DefaultFlowCallback)
+    lists.append(_names(trainer) + [type(popped).__name__])
+    trainer.remove_callback(PrinterCallback)
+    lists.append(_names(trainer))
+    return lists
+
+
+def test_one_process_has_trainers_callback_list(tmp_path):
+    ours = _list_changes(_trainer(ElCheTrainer, str(tmp_path / "a"), 4, [_Events()]))
+    theirs = _list_changes(_trainer(Trainer, str(tmp_path / "b"), 4, [_Events()]))
+    assert ours == theirs and "_Events" in ours[0], (ours, theirs)
+
+
+def test_one_process_sends_trainers_events(tmp_path):
+    ours, theirs = _Events(), _Events()
+    _trainer(ElCheTrainer, str(tmp_path / "a"), 4, [ours]).train()
+    _trainer(Trainer, str(tmp_path / "b"), 4, [theirs]).train()
+    assert ours.seen == theirs.seen and ("on_step_end", 6) in theirs.seen, (ours.seen, theirs.seen)
+
+
+def _on_two_ranks(rank: int, world: int, out: str) -> tuple[list, list]:
+    events = _Events()
+    trainer = _trainer(ElCheTrainer, f"{out}/{rank}", 2, [events])
+    trainer.train()
+    return _list_changes(trainer), events.seen
+
+
+def test_two_ranks_have_one_trainer_process_callbacks_and_events(tmp_path):
+    events = _Events()
+    reference = _trainer(Trainer, str(tmp_path / "reference"), 4, [events])  # one process, the same global batch
+    reference.train()
+    lists = _list_changes(reference)
+    for status, value in run_ranks(_on_two_ranks, 2, str(tmp_path / "ranks"), timeout=180):
+        assert status == "ok", value
+        assert value[0] == lists and value[1] == events.seen, (value, lists, events.seen)
