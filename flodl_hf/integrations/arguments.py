@@ -133,6 +133,10 @@ def check_trainer(trainer: Any) -> PlanReplay | None:
                     "pass use_cpu=True to TrainingArguments")
         _refuse("world_size", args.world_size, f"but the launcher started {launched} ranks (WORLD_SIZE): each would "
                 "train alone", "launch with torchrun or accelerate launch so that TrainingArguments sees them")
+    sizes = trainer.elche_args.batch_sizes
+    world = args.world_size
+    if world == 1:
+        return None  # one process: nothing is split, so it is transformers.Trainer (the same script runs)
     if getattr(trainer, "is_deepspeed_enabled", False) or args.deepspeed:
         _refuse("deepspeed", args.deepspeed, "is not supported by El Che (DeepSpeed owns the reduction)",
                 "remove deepspeed, or use transformers.Trainer for DeepSpeed runs")
@@ -162,10 +166,6 @@ def check_trainer(trainer: Any) -> PlanReplay | None:
     if train is not None and isinstance(train, torch.utils.data.IterableDataset):
         _refuse("train_dataset", type(train).__name__, "has no length, so El Che cannot split its batches",
                 "pass a map-style dataset (datasets.Dataset or one with __len__ and __getitem__)")
-    sizes = trainer.elche_args.batch_sizes
-    world = args.world_size
-    if world == 1:
-        return None  # one process: El Che has nothing to split, so its settings do not apply (the same script runs)
     if getattr(args, "neftune_noise_alpha", None) is not None:
         _refuse("neftune_noise_alpha", args.neftune_noise_alpha, f"on {world} ranks: NEFTune scales its noise by each "
                 "batch's padded shape, and each rank draws it for its own share, so the update would not be one "

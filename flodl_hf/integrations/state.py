@@ -39,10 +39,11 @@ def read_state(path: str) -> dict:
     return state
 
 
-def check_resume(state: dict, path: str, *, world: int, ga: int, pinned: list[int] | None) -> dict:
-    """The one rule of a resume, checked before Trainer loads anything: the checkpoint's global micro-batch ``U``
-    and micro-batches per step are kept (so the optimizer steps and the schedule stay the same), each of the ``W``
-    ranks' batch becomes ``U / W``, and a pinned split sums to ``U``. Refused in one line naming what works."""
+def check_resume(state: dict, path: str, *, world: int, per_device: int, ga: int, pinned: list[int] | None) -> dict:
+    """The one rule of a resume on several ranks, checked before Trainer loads anything: the run goes on in the
+    checkpoint's global micro-batch ``U`` and micro-batches per step (so the optimizer steps, the schedule and the
+    data position stay the run's), so the ``W`` ranks' ``per_device_train_batch_size`` must be ``U / W`` and a
+    pinned split must sum to ``U``. Refused in one line naming what works; nothing else is ever trained silently."""
     if int(state.get("format", 0)) != _STATE_FORMAT:
         raise ValueError(f"ElCheTrainer: {STATE_FILE} has format {state.get('format')!r}, this version "
                          f"reads {_STATE_FORMAT}: resume with the flodl-hf version that wrote it")
@@ -58,12 +59,18 @@ def check_resume(state: dict, path: str, *, world: int, ga: int, pinned: list[in
             f"ElCheTrainer: the checkpoint {path} trains global micro-batches of {unit} samples (kept on resume, "
             f"so each rank's batch is {unit} / world size), which {world} ranks cannot share: resume it on "
             f"{', '.join(map(str, fits))} ranks")
-    if world > 1 and pinned is not None and sum(pinned) != unit:
+    split = (f" and batch_sizes={equal_sizes(world, unit)!r} (or any {world} sizes >= 1 summing to {unit})"
+             if pinned is not None else "")
+    if per_device * world != unit:
+        raise ValueError(
+            f"ElCheTrainer: the checkpoint {path} trains global micro-batches of {unit} samples (kept on resume), "
+            f"but per_device_train_batch_size={per_device} on {world} ranks gives {per_device * world}: pass "
+            f"per_device_train_batch_size={unit // world}{split}")
+    if pinned is not None and sum(pinned) != unit:
         raise ValueError(
             f"ElCheTrainer: ElCheArguments(batch_sizes={list(pinned)!r}) sums to {sum(pinned)}, but the checkpoint "
             f"{path} trains global micro-batches of {unit} samples (kept on resume): pass "
-            f"per_device_train_batch_size={unit // world} and batch_sizes={equal_sizes(world, unit)!r} (or any "
-            f"{world} sizes >= 1 summing to {unit})")
+            f"per_device_train_batch_size={unit // world}{split}")
     return state
 
 

@@ -15,8 +15,10 @@ How it maps onto Trainer (transformers 5.0+, read from the 5.24 source; see ``..
 * **Loss.** For a window of several micro-batches, ``get_batch_samples`` sums each micro-batch's item and sample
   counts over the ranks (one small collective per window, like Trainer's own ``average_tokens_across_devices``), so
   each rank weighs its part of a micro-batch by its share of the loss one process computes for the whole
-  micro-batch (``flodl_hf.integrations.shares``). A one-micro-batch window needs no such collective: each rank back-propagates its
-  loss sum and the reduced gradient is divided by the summed count, which rides with it.
+  micro-batch (``flodl_hf.integrations.shares``). A one-micro-batch window needs no such collective: each rank
+  back-propagates its loss sum and the reduced gradient is divided by the summed count, which rides with it.
+* **One process** splits nothing, so it is `transformers.Trainer`: Trainer's loader, its checks and its resume
+  (El Che's state is still written into each checkpoint, for a resume on several ranks).
 * **Checkpoints.** Trainer's own, plus ``elche_trainer.json`` (``flodl_hf.integrations.state``: the global
   micro-batch and window shape, El Che's state, the splits so far): a resume on any number of ranks keeps the
   effective batch and sees every remaining sample once. ``output_dir/elche_plan.json`` is the run's split plan.
@@ -102,9 +104,9 @@ class ElCheTrainer(Trainer):
     Under ``torchrun --nproc-per-node N`` or ``accelerate launch`` each rank takes El Che's share of every
     micro-batch (faster ranks more), and every optimizer step equals one process's `transformers.Trainer` step on
     the union of the ranks' micro-batches: same loss normalisation, clipping, schedule and optimizer. On one
-    process it is `transformers.Trainer` with El Che's data order. Refused at construction, one line each:
-    DeepSpeed, FSDP, tensor/context parallelism, DataParallel, ``batch_rebalance``, ``auto_find_batch_size``,
-    LOMO optimizers and iterable train sets.
+    process it is `transformers.Trainer`. Refused at construction on N ranks, one line each: DeepSpeed, FSDP,
+    tensor/context parallelism, DataParallel, ``batch_rebalance``, ``auto_find_batch_size``, LOMO optimizers,
+    NEFTune and iterable train sets.
     """
 
     def __init__(self, *args: Any, elche: ElCheArguments | None = None, **kwargs: Any) -> None:
@@ -158,9 +160,11 @@ class ElCheTrainer(Trainer):
         self._elche_resume = None
         if path is not None:
             state_file = os.path.join(path, STATE_FILE)
-            if os.path.isfile(state_file):
+            if os.path.isfile(state_file) and not self._elche_on:
+                self._say_one_process_resume(read_state(state_file), str(path))
+            elif os.path.isfile(state_file):
                 self._elche_resume = self._check_resume(read_state(state_file), str(path))
-            elif self.is_world_process_zero():
+            elif self._elche_on and self.is_world_process_zero():
                 print(f"ElCheTrainer: {path} has no {STATE_FILE} (not written by ElCheTrainer): the data position "
                       "is recomputed from this run's batch size", flush=True)
         output = super().train(resume_from_checkpoint=path, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval,
@@ -212,6 +216,10 @@ class ElCheTrainer(Trainer):
         return [len(dataset[i][key]) for i in range(len(dataset))]
 
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        if not self._elche_on:  # one process: Trainer's own loader; the plan only describes the run's checkpoints
+            self._elche_plan = WindowPlan(1, 0, self._train_batch_size, self.args.gradient_accumulation_steps,
+                                          [self._train_batch_size])
+            return super().get_train_dataloader()
         if self.train_dataset is None:
             raise ValueError("Trainer: training requires a train_dataset.")
         dataset, collator = self.train_dataset, self.data_collator
@@ -246,16 +254,19 @@ class ElCheTrainer(Trainer):
         return torch.utils.data.DataLoader(WeightedRows(dataset), **params)  # its epoch: _PlanCallback
 
     def _check_resume(self, state: dict, path: str) -> dict:
-        """``state.check_resume``; rank 0 says when the resumed batch per rank is not per_device_train_batch_size."""
-        world = self._elche_world
-        check_resume(state, path, world=world, ga=self.args.gradient_accumulation_steps,
-                     pinned=self.elche_args.batch_sizes)
-        unit = int(state["global_micro_batch"])
-        if unit != self.args.train_batch_size * world and self.is_world_process_zero():
-            print(f"ElCheTrainer: resuming {path} keeps its global micro-batch of {unit} samples: each of the {world} "
-                  f"ranks trains {unit // world} per micro-batch (per_device_train_batch_size is "
-                  f"{self.args.train_batch_size})", flush=True)
-        return state
+        """``state.check_resume`` with this run's ranks, batch and accumulation."""
+        return check_resume(state, path, world=self._elche_world, per_device=self.args.train_batch_size,
+                            ga=self.args.gradient_accumulation_steps, pinned=self.elche_args.batch_sizes)
+
+    def _say_one_process_resume(self, state: dict, path: str) -> None:
+        """One process resumes as transformers.Trainer does, with this run's batch and accumulation; where they
+        are not the checkpoint's, rank 0 says so and names the arguments that continue that run exactly."""
+        unit, ga = int(state["global_micro_batch"]), int(state["micro_batches_per_window"])
+        batch, own_ga = self._train_batch_size, self.args.gradient_accumulation_steps
+        if (unit, ga) != (batch, own_ga) and self.is_world_process_zero():
+            print(f"ElCheTrainer: {path} was trained in micro-batches of {unit} samples x {ga}; this process goes on "
+                  f"as transformers.Trainer does, with {batch} x {own_ga} (pass per_device_train_batch_size={unit} "
+                  f"and gradient_accumulation_steps={ga} to continue that run exactly)", flush=True)
 
     def _make_plan(self) -> WindowPlan:
         world, rank, ga = self._elche_world, self._elche_rank, self.args.gradient_accumulation_steps

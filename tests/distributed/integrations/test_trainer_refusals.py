@@ -1,15 +1,18 @@
 """What ElCheTrainer cannot do as one process would is refused at construction, in one line naming the argument.
 
 Each refusal is a real `transformers.Trainer` construction (tiny BERT from config); the multi-rank ones run on 2 real
-gloo ranks, since El Che's own settings only apply when there is more than one rank.
+gloo ranks, since El Che's own settings only apply when there is more than one rank. On one process nothing is
+split, so ElCheTrainer is `transformers.Trainer`: what Trainer takes is taken, and trains to Trainer's weights.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from dist_helpers import run_ranks
-from transformers import BertConfig, BertForSequenceClassification, TrainingArguments
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
 from flodl_hf.integrations import ElCheArguments, ElCheTrainer
 
@@ -29,7 +32,8 @@ class _Rows(torch.utils.data.Dataset):
 
 class _Stream(torch.utils.data.IterableDataset):
     def __iter__(self):
-        yield {"input_ids": [1, 2], "labels": 0}
+        for i in range(12):
+            yield {"input_ids": [1 + i % 5, 2, 3], "labels": i % 2}
 
 
 def _args(tmp_path, **kw) -> TrainingArguments:
@@ -42,22 +46,64 @@ def _message(excinfo: pytest.ExceptionInfo) -> str:
     return text
 
 
-@pytest.mark.parametrize("kw, named", [
+REFUSED = [  # on several ranks only: one process is transformers.Trainer, which takes them all
     ({"train_sampling_strategy": "batch_rebalance"}, "train_sampling_strategy='batch_rebalance'"),
     ({"auto_find_batch_size": True}, "auto_find_batch_size=True"),
     ({"optim": "adalomo"}, "optim="),
+    ({"max_steps": 2, "train_dataset": "stream"}, "train_dataset='_Stream' has no length"),
+]
+
+
+def _refused_on_two_ranks(rank: int, world: int, out: str) -> list[str]:
+    messages = []
+    for kw, _ in REFUSED:
+        kw = dict(kw)
+        train = _Stream() if kw.pop("train_dataset", None) else _Rows()
+        args = TrainingArguments(output_dir=out, use_cpu=True, report_to=[], **kw)
+        try:
+            ElCheTrainer(model=_model(), args=args, train_dataset=train)
+            messages.append("constructed")
+        except ValueError as exc:
+            messages.append(str(exc))
+    return messages
+
+
+def test_trainer_arguments_refused_on_several_ranks(tmp_path):
+    for status, messages in run_ranks(_refused_on_two_ranks, 2, str(tmp_path / "out"), timeout=120):
+        assert status == "ok", messages
+        for (_, named), text in zip(REFUSED, messages, strict=True):
+            assert text.startswith("ElCheTrainer: ") and named in text and "\n" not in text, text
+            assert ": " in text.split(named, 1)[1], text
+
+
+def _one_process_run(cls: type, tmp_path, name: str, train: Any, **kw) -> dict:
+    torch.manual_seed(0)
+    args = _args(tmp_path / name, per_device_train_batch_size=4, save_strategy="no", disable_tqdm=True, **kw)
+    trainer = cls(model=_model(), args=args, train_dataset=train,
+                  data_collator=lambda rows: {"input_ids": torch.tensor([r["input_ids"] for r in rows]),
+                                              "labels": torch.tensor([r["labels"] for r in rows])})
+    trainer.train()
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+@pytest.mark.parametrize("kw, stream", [
+    ({"auto_find_batch_size": True, "num_train_epochs": 1}, False),
+    ({"max_steps": 3}, True),
 ])
-def test_trainer_arguments_refused(tmp_path, kw, named):
-    with pytest.raises(ValueError) as excinfo:
-        ElCheTrainer(model=_model(), args=_args(tmp_path, **kw), train_dataset=_Rows())
-    text = _message(excinfo)
-    assert text.startswith("ElCheTrainer: ") and named in text and ": " in text.split(named, 1)[1]
+def test_one_process_trains_what_trainer_trains(tmp_path, kw, stream):
+    """One process splits nothing, so what transformers.Trainer takes is taken, and trains as Trainer trains."""
+    ours = _one_process_run(ElCheTrainer, tmp_path, "ours", _Stream() if stream else _Rows(), **kw)
+    theirs = _one_process_run(Trainer, tmp_path, "theirs", _Stream() if stream else _Rows(), **kw)
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    torch.manual_seed(0)
+    start = _model().state_dict()
+    assert not all(torch.equal(ours[k], v) for k, v in start.items())  # it trained
 
 
-def test_iterable_train_set_refused(tmp_path):
-    with pytest.raises(ValueError) as excinfo:  # (without max_steps, Trainer itself refuses it first)
-        ElCheTrainer(model=_model(), args=_args(tmp_path, max_steps=2), train_dataset=_Stream())
-    assert "train_dataset='_Stream' has no length" in _message(excinfo)
+@pytest.mark.parametrize("kw", [{"train_sampling_strategy": "batch_rebalance"}, {"optim": "adalomo"}])
+def test_one_process_takes_what_trainer_takes(tmp_path, kw):
+    trainer = ElCheTrainer(model=_model(), args=_args(tmp_path, **kw), train_dataset=_Rows())
+    assert trainer.args.world_size == 1
 
 
 @pytest.mark.parametrize("kw, named", [

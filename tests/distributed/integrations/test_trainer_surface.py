@@ -1,9 +1,10 @@
 """What code around a Trainer sees of ElCheTrainer is what it sees of `transformers.Trainer` itself.
 
-Callbacks, subclasses and scripts read the callback list and receive Trainer's events; each check here compares
-ElCheTrainer with `transformers.Trainer` built from the same arguments (one process, and 2 gloo ranks against one
-Trainer process taking the same global batch). Shown failing once: with El Che's epoch-setting callback in the
-public list (as before), the lists differ by one entry and ``pop_callback(DefaultFlowCallback)`` positions shift.
+Callbacks, subclasses and scripts read the callback list, receive Trainer's events and read the train loader; each
+check here compares ElCheTrainer with `transformers.Trainer` built from the same arguments (one process, and 2 gloo
+ranks against one Trainer process taking the same global batch). Shown failing once: with El Che's epoch-setting
+callback in the public list (as before), the lists differ by one entry and ``pop_callback(DefaultFlowCallback)``
+positions shift; with El Che's loader on one process (as before), the loader is a plain DataLoader.
 """
 
 from __future__ import annotations
@@ -101,3 +102,14 @@ def test_two_ranks_have_one_trainer_process_callbacks_and_events(tmp_path):
     for status, value in run_ranks(_on_two_ranks, 2, str(tmp_path / "ranks"), timeout=180):
         assert status == "ok", value
         assert value[0] == lists and value[1] == events.seen, (value, lists, events.seen)
+
+
+def test_one_process_train_loader_is_trainers(tmp_path):
+    """One process splits nothing: its train loader is the one `transformers.Trainer` builds, batches included."""
+    ours = _trainer(ElCheTrainer, str(tmp_path / "a"), 4).get_train_dataloader()
+    theirs = _trainer(Trainer, str(tmp_path / "b"), 4).get_train_dataloader()
+    assert type(ours) is type(theirs) and type(theirs).__name__ == "DataLoaderShard"
+    surface = [(loader.total_batch_size, len(loader), loader.drop_last) for loader in (ours, theirs)]
+    assert surface[0] == surface[1], surface
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -5,7 +5,8 @@ on each rank). CASE.json says the model, data, Trainer arguments and El Che sett
 dataset indices) replays a recorded sample order through a sequential sampler, which is how the reference sees "the
 concatenated windows". Each rank writes the dataset indices of every micro-batch its collator saw; rank 0 writes the
 final parameters and Trainer's log history. ``save_steps`` writes checkpoints,
-``exit_at`` ends every rank abruptly when that step begins, ``resume`` resumes from a checkpoint. Each rank records the
+``exit_at`` ends every rank abruptly when that step begins, ``resume`` resumes from a checkpoint, ``plain`` runs
+`transformers.Trainer` itself instead of ElCheTrainer on the same data. Each rank records the
 optimizer step of every call that clears the device cache (``empty_cache``: ``torch_empty_cache_steps``) in
 ``cleared_RANK.jsonl``.
 """
@@ -214,11 +215,15 @@ def train(case: dict, out: str) -> None:
                 lambda module, args, kwargs: time.sleep(per_row * kwargs["input_ids"].shape[0]), with_kwargs=True)
         cls = overriding(ElCheTrainer, case["override"]) if case.get("override") else ElCheTrainer
         declared = {"loss_items": weighted_items} if case.get("override") == "weighted" else {}
-        trainer = cls(train_dataset=Rows(data), elche=ElCheArguments(**case.get("elche", {}), **declared),
-                      callbacks=callbacks, **common)
+        if case.get("plain"):  # transformers.Trainer itself, with the same data and arguments
+            trainer = Trainer(train_dataset=Rows(data), callbacks=callbacks, **common)
+        else:
+            trainer = cls(train_dataset=Rows(data), elche=ElCheArguments(**case.get("elche", {}), **declared),
+                          callbacks=callbacks, **common)
     import importlib
 
-    module = importlib.import_module("transformers.trainer" if reference else "flodl_hf.integrations.trainer")
+    module = importlib.import_module("transformers.trainer" if reference or case.get("plain")
+                                     else "flodl_hf.integrations.trainer")
     clear = module.clear_device_cache  # the function Trainer's (or ElCheTrainer's) training_step calls
 
     def cleared(*a, **kw):  # records at which optimizer step each micro-batch clears the device cache
