@@ -18,6 +18,7 @@ resumes on any number of ranks with every remaining sample seen once.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ from ..elche.split import largest_remainder
 __all__ = [
     "WEIGHT_KEY",
     "PlanBatchSampler",
+    "PlanLoader",
     "WeightedCollate",
     "WeightedRows",
     "WindowPlan",
@@ -168,6 +170,43 @@ class WeightedCollate:
     def __call__(self, pairs: list[tuple[Any, int]]) -> Any:
         batch = self.collate([row for row, _ in pairs])
         batch[WEIGHT_KEY] = min(w for _, w in pairs)
+        return batch
+
+
+class PlanLoader(torch.utils.data.DataLoader):
+    """The train loader on N ranks, with the surface of the one Trainer returns (``total_batch_size``,
+    ``set_epoch``, ``len``): its batches are what the user's collator makes, and each batch's weight travels beside
+    it, on the iterator (``weights``), so no key of El Che's reaches code that reads the loader."""
+
+    def __init__(self, dataset: Any, *, batch_sampler: PlanBatchSampler, collate_fn: Callable, **kwargs: Any) -> None:
+        super().__init__(WeightedRows(dataset), batch_sampler=batch_sampler, collate_fn=WeightedCollate(collate_fn),
+                         **kwargs)
+
+    @property
+    def total_batch_size(self) -> int:
+        """Samples per micro-batch over all ranks (El Che splits each one unequally between them)."""
+        return self.batch_sampler.plan.global_micro_batch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batch_sampler.set_epoch(epoch)
+
+    def __iter__(self) -> _WeighedBatches:
+        return _WeighedBatches(super().__iter__())
+
+
+class _WeighedBatches:
+    """An iteration of a ``PlanLoader``: each batch without its weight, which is queued in ``weights``."""
+
+    def __init__(self, batches: Iterator[Any]) -> None:
+        self.batches = batches
+        self.weights: deque[int] = deque()
+
+    def __iter__(self) -> _WeighedBatches:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self.batches)
+        self.weights.append(int(batch.pop(WEIGHT_KEY)))
         return batch
 
 

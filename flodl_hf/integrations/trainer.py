@@ -46,8 +46,7 @@ from .arguments import ElCheArguments, check_trainer
 from .plan import (
     WEIGHT_KEY,
     PlanBatchSampler,
-    WeightedCollate,
-    WeightedRows,
+    PlanLoader,
     WindowPlan,
     check_sizes,
     equal_sizes,
@@ -243,7 +242,7 @@ class ElCheTrainer(Trainer):
         self._elche_sampler = sampler
         workers = self.args.dataloader_num_workers
         params: dict[str, Any] = {
-            "batch_sampler": sampler, "collate_fn": WeightedCollate(collator), "num_workers": workers,
+            "batch_sampler": sampler, "collate_fn": collator, "num_workers": workers,
             "pin_memory": self.args.dataloader_pin_memory,
             "worker_init_fn": partial(seed_worker, num_workers=workers, rank=self.args.process_index),
         }
@@ -251,7 +250,7 @@ class ElCheTrainer(Trainer):
             params.update(persistent_workers=self.args.dataloader_persistent_workers,
                           prefetch_factor=self.args.dataloader_prefetch_factor,
                           multiprocessing_context=self.args.dataloader_multiprocessing_context)
-        return torch.utils.data.DataLoader(WeightedRows(dataset), **params)  # its epoch: _PlanCallback
+        return PlanLoader(dataset, **params)  # its epoch: _PlanCallback
 
     def _check_resume(self, state: dict, path: str) -> dict:
         """``state.check_resume`` with this run's ranks, batch and accumulation."""
@@ -369,7 +368,11 @@ class ElCheTrainer(Trainer):
                 batches.append(next(epoch_iterator))
             except StopIteration:
                 break
-        weights = [int(b.pop(WEIGHT_KEY, 1)) for b in batches]
+        # each batch's weight: beside it on a PlanLoader's iteration; in it after accelerate's skip_first_batches
+        # (on resume) rebuilds the loader as a plain DataLoader; 1 on one process (Trainer's loader)
+        pending = getattr(epoch_iterator, "weights", None)
+        weights = [int(b.pop(WEIGHT_KEY)) if WEIGHT_KEY in b else pending.popleft() if pending is not None else 1
+                   for b in batches]
         if not self._elche_on:
             return batches, self._get_num_items_in_batch(batches, device)
         items = [self._items(b) for b in batches]

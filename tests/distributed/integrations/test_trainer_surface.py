@@ -25,8 +25,11 @@ from flodl_hf.integrations import ElCheTrainer
 
 
 class _Rows(torch.utils.data.Dataset):
+    def __init__(self, n: int = 24) -> None:
+        self.n = n
+
     def __len__(self) -> int:
-        return 24
+        return self.n
 
     def __getitem__(self, i: int) -> dict:
         return {"input_ids": torch.tensor([1 + i % 5, 2, 3]), "labels": torch.tensor(i % 2)}
@@ -48,14 +51,14 @@ class _Events(TrainerCallback):
         return attr
 
 
-def _trainer(cls: type, out: str, batch: int, callbacks: list | None = None) -> Trainer:
+def _trainer(cls: type, out: str, batch: int, callbacks: list | None = None, rows: int = 24) -> Trainer:
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1,
                                                      num_attention_heads=2, intermediate_size=8, num_labels=2))
     args = TrainingArguments(output_dir=out, use_cpu=True, report_to=[], per_device_train_batch_size=batch,
                              gradient_accumulation_steps=2, num_train_epochs=2, logging_steps=2, save_strategy="no",
                              disable_tqdm=True)
-    return cls(model=model, args=args, train_dataset=_Rows(), callbacks=callbacks)
+    return cls(model=model, args=args, train_dataset=_Rows(rows), callbacks=callbacks)
 
 
 def _names(trainer: Trainer) -> list[str]:
@@ -113,3 +116,27 @@ def test_one_process_train_loader_is_trainers(tmp_path):
     assert surface[0] == surface[1], surface
     for a, b in zip(ours, theirs, strict=True):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _loader_on_two_ranks(rank: int, world: int, out: str) -> tuple:
+    trainer = _trainer(ElCheTrainer, f"{out}/{rank}", 4, rows=17)
+    loader = trainer.get_train_dataloader()
+    loader.set_epoch(1)
+    batches = list(loader)
+    return loader.total_batch_size, len(loader), [sorted(b.keys()) for b in batches], [len(b["labels"]) for b in batches]
+
+
+def test_two_ranks_train_loader_has_trainers_surface(tmp_path):
+    """On N ranks the loader is El Che's, with what code reads of Trainer's: the global batch, the number of
+    micro-batches one process draws, ``set_epoch``, and the user's keys only (a rank's weight-0 stand-in row in
+    a short last micro-batch included: 17 rows = micro-batches of 8, 8 and 1)."""
+    reference = _trainer(Trainer, str(tmp_path / "reference"), 8, rows=17).get_train_dataloader()
+    keys = sorted(next(iter(reference)).keys())
+    results = run_ranks(_loader_on_two_ranks, 2, str(tmp_path / "ranks"), timeout=120)
+    for status, value in results:
+        assert status == "ok", value
+        total, length, batch_keys, _ = value
+        assert (total, length) == (reference.total_batch_size, len(reference)) == (8, 3)
+        assert batch_keys == [keys] * length, (batch_keys, keys)
+    # the last micro-batch: its one row on one rank, a weight-0 stand-in row on the other
+    assert [sum(sizes) for sizes in zip(*(value[3] for _, value in results))] == [8, 8, 2]
