@@ -25,6 +25,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from .files.reader import require_regular_file
+
 __all__ = ["check_model_dir", "label_map_problem", "classifier_trained", "check_devices", "check_disk_space",
            "check_texts", "WEIGHT_FILES", "TOKENIZER_FILES", "TASK_LAYERS", "task_layer_trained", "check_task_layer",
            "require_regular_file", "safetensors_problem"]
@@ -79,24 +81,6 @@ def check_model_dir(path: Any, option: str = "--model", tokenizer: bool = True,
                              "cannot be named: give each id 0..n-1 one distinct name in id2label (and label2id), "
                              f"e.g. {{\"0\": \"neg\", \"1\": \"pos\"}}, or give another directory with {option}")
     return model
-
-
-def require_regular_file(path: Any, option: str, missing_ok: bool = False) -> None:
-    """Refuse an input that exists but is not a regular file (a FIFO, a socket, a device) before it is opened:
-    reading one blocks or never ends."""
-    import stat
-
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        if missing_ok:
-            return
-        raise
-    except OSError:
-        return  # unreadable: the reader names it
-    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-        raise ValueError(f"{option}: {path} is not a regular file (a FIFO, socket or device), which could block "
-                         f"forever or change while read: give a regular file with {option}")
 
 
 def safetensors_problem(path: Path) -> Optional[str]:

@@ -30,8 +30,12 @@ def trained_columns(model: Any) -> dict:
     """The columns the training run of ``model`` named (``--text-column``, ``--label-column``,
     ``--text-pair-column``, as recorded in its ``metrics.json``); {} without a readable one. Columns of the packaged
     corpus are not recorded as named: a user's data follows the defaults."""
+    from ..files.reader import RefusedFile, read_json
+
     try:
-        recorded = json.loads((Path(model) / "metrics.json").read_text(encoding="utf-8")).get("settings")
+        recorded = read_json(Path(model) / "metrics.json", "--model").get("settings")
+    except RefusedFile:
+        raise
     except (OSError, ValueError, AttributeError):
         return {}
     if not isinstance(recorded, dict):

@@ -8,12 +8,12 @@ early refusals cost no import.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 from ..export.tasks import TEXT_CLASSIFICATION, head_class_name
+from ..files.reader import RefusedFile, read_json
 
 __all__ = ["head_class", "LazyHeadClass", "load_head", "trained_settings"]
 
@@ -43,8 +43,10 @@ class LazyHeadClass:
 def trained_settings(model: Path) -> dict:
     """The ``max_length`` a flodl-hf run trained with (from its metrics.json), so predictions truncate alike."""
     try:
-        settings = json.loads((model / "metrics.json").read_text(encoding="utf-8")).get("settings", {})
+        settings = read_json(model / "metrics.json", "--model").get("settings", {})
         max_length = settings.get("max_length")
+    except RefusedFile:
+        raise
     except (OSError, ValueError, AttributeError):
         return {}
     return {"max_length": max_length} if isinstance(max_length, int) and max_length >= 2 else {}

@@ -360,11 +360,13 @@ def _export_model_dir(source: Union[str, Path], output: Union[str, Path], overwr
 
 def trained_max_length(directory: Union[str, Path]) -> Optional[int]:
     """The ``max_length`` a flodl-hf run trained with, from ``directory/metrics.json`` (None when not recorded)."""
-    import json
+    from ..files.reader import RefusedFile, read_json
 
     try:
-        settings = json.loads((Path(directory) / "metrics.json").read_text(encoding="utf-8")).get("settings", {})
+        settings = read_json(Path(directory) / "metrics.json", "--model").get("settings", {})
         value = settings.get("max_length")
+    except RefusedFile:
+        raise
     except (OSError, ValueError, AttributeError):
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 2 else None

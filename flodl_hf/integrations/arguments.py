@@ -7,14 +7,13 @@ that exists. The refusals live here, apart from the trainer, so they read as one
 
 from __future__ import annotations
 
-import json
 import numbers
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..elche.plan_record import PlanReplay, check_plan
-from ..preflight import require_regular_file
+from ..files.reader import RefusedFile, UnreadableJson, read_json
 from .plan import equal_sizes
 
 __all__ = ["MIN_TRANSFORMERS", "ElCheArguments", "check_trainer"]
@@ -92,14 +91,13 @@ def load_replay(plan: Any, world: int, per_device: int, ga: int) -> PlanReplay:
     name = "ElCheArguments.replay_plan"
     if not isinstance(plan, dict):
         path = os.fspath(plan)
-        require_regular_file(path, name)
         try:
-            with open(path, "rb") as f:
-                raw = f.read(_PLAN_LIMIT + 1)
-            if len(raw) > _PLAN_LIMIT:
-                raise ValueError(f"larger than {_PLAN_LIMIT} bytes")
-            plan = json.loads(raw.decode("utf-8"))
-        except (OSError, ValueError, RecursionError) as exc:
+            plan = read_json(path, name, limit=_PLAN_LIMIT)
+        except RefusedFile:
+            raise  # one line naming the option, the path and a fix already
+        except UnreadableJson as exc:
+            raise ValueError(f"{exc}: {_PLAN_FIX}") from None
+        except OSError as exc:
             raise ValueError(f"{name}={path!r} cannot be read as a recorded plan ({type(exc).__name__}: "
                              f"{str(exc)[:200]}): {_PLAN_FIX}") from None
     check_plan(plan, name=name, fix=_PLAN_FIX)

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from ..files.atomic import atomic_path
+from ..files.reader import read_json
 from .plan import WindowPlan, equal_sizes
 
 __all__ = ["PLAN_FILE", "STATE_FILE", "check_resume", "checkpoint_state", "read_state", "recorded", "write_json"]
@@ -29,8 +30,7 @@ _STATE_FORMAT = 1
 def read_state(path: str) -> dict:
     """A checkpoint's ``elche_trainer.json``, refused in one line when it is not one this version wrote."""
     try:
-        with open(path, encoding="utf-8") as f:
-            state = json.load(f)
+        state = read_json(path, STATE_FILE)
         int(state["global_micro_batch"]), int(state["micro_batches_per_window"]), int(state["format"])
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise ValueError(f"ElCheTrainer: {path} is not a readable El Che state ({type(exc).__name__}: {exc}): "

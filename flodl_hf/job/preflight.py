@@ -37,6 +37,10 @@ def check_train(settings: Any, sources: Any) -> Path:
     inputs = [("--data", sources.data_path)] + ([] if sources.packaged_model else [("--model", sources.model_path)])
     if settings.eval_data is not None:
         inputs.append(("--eval-data", Path(settings.eval_data)))
+    for option, source in (("--data", None if sources.packaged_data else sources.data_path),
+                           ("--eval-data", settings.eval_data)):
+        if source is not None:  # a FIFO would block its reader for ever, a symlink loop throws in every one
+            require_regular_file(source, option, missing_ok=True)
     ownership.check_disjoint([("--output-dir", output), ("--checkpoint-dir", checkpoint_dir)], inputs)
     if settings.resume:  # the checkpoint resumed from is an input of the output (it may be the checkpoint dir)
         ownership.check_disjoint([("--output-dir", output)], [("--resume", Path(settings.resume))])
@@ -56,10 +60,6 @@ def check_train(settings: Any, sources: Any) -> Path:
         if not looks_like_hub_id(settings.eval_data):
             raise FileNotFoundError(f"--eval-data {settings.eval_data}: no such file or directory: give an "
                                     "existing file, a saved datasets directory or a Hub dataset id")
-    for option, source in (("--data", None if sources.packaged_data else sources.data_path),
-                           ("--eval-data", settings.eval_data)):
-        if source is not None:
-            require_regular_file(source, option, missing_ok=True)  # a FIFO would block the reader for ever
     check_devices(settings.devices)
     check_disk_space(Path(sources.model_path), [("--output-dir", output), ("--checkpoint-dir", checkpoint_dir)],
                      checkpoints=settings.checkpoint_every is not None)

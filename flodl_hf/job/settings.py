@@ -35,14 +35,18 @@ REPORT_TO = ("none", "tensorboard")
 
 def read_plan(path: str) -> dict:
     """The El Che plan recorded in an earlier run's ``metrics.json`` (``--replay-plan``), or a one-line error."""
-    import json
     from pathlib import Path
 
+    from ..files.reader import RefusedFile, read_json, require_regular_file
+
+    require_regular_file(path, "--replay-plan", missing_ok=True)
     file = Path(path)
     if file.is_dir():
         file = file / "metrics.json"
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = read_json(file, "--replay-plan")
+    except RefusedFile:
+        raise
     except (OSError, ValueError) as exc:
         raise ValueError(f"--replay-plan {path}: cannot read a metrics.json there ({exc}): pass the metrics.json "
                          "(or the output directory) of an earlier run on several devices") from None

@@ -188,8 +188,8 @@ def _plan(world: int, batch: int, ga: int) -> dict:
 
 REPLAYS = [  # (file name, content or None for a FIFO, what the one-line refusal says)
     ("fifo", None, "is not a regular file (a FIFO, socket or device)"),
-    ("garbage.json", "{", "cannot be read as a recorded plan (JSONDecodeError"),
-    ("deep.json", "[" * 200_000 + "]" * 200_000, "cannot be read as a recorded plan (RecursionError"),
+    ("garbage.json", "{", "is not valid JSON (JSONDecodeError"),
+    ("deep.json", "[" * 200_000 + "]" * 200_000, "is JSON nested deeper than 64 levels"),
     ("list.json", "[]", "is not a recorded El Che plan (got list, not a dict): pass the elche_plan.json"),
     ("three.json", _plan(3, 4, 1), "was recorded on 3 ranks with per_device_train_batch_size=4, but this run has 2 x 4"),
     ("ga.json", _plan(2, 4, 2), "was recorded with gradient_accumulation_steps=2, this run has 1: pass "

@@ -30,6 +30,7 @@ import pytest
 from cli_helpers import command_options, run_main
 from hostile_cases import CASES as FIRST_CASES
 from hostile_round3 import CASES3
+from hostile_round4 import CASES4
 from tiny_models import make_checkpoint, toy_task
 from warm_python import python_command
 
@@ -37,7 +38,7 @@ from flodl_hf import cli
 from flodl_hf.data import load_text_classification
 
 ROOT = Path(__file__).resolve().parents[3]
-CASES = FIRST_CASES + CASES3
+CASES = FIRST_CASES + CASES3 + CASES4
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), FLODL_HF_NO_LAUNCH="1")
 
 
@@ -123,7 +124,7 @@ def test_the_table_is_large_and_distinct():
     assert len(ids) == len(set(ids)), sorted({i for i in ids if ids.count(i) > 1})
     assert len(ids) >= 120, len(ids)
     page = (ROOT / "docs" / "bad-input.md").read_text(encoding="utf-8")
-    assert f"`tests/hostile_round3.py`), {len(ids)} cases" in page  # docs/bad-input.md's count stays true
+    assert f"`tests/hostile_round4.py`), {len(ids)} cases" in page  # docs/bad-input.md's count stays true
 
 
 def _prepare(case, shared, root: Path):

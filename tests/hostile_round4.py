@@ -1,0 +1,76 @@
+"""The fourth round of hostile input, run by ``tests/e2e/cli/test_hostile_inputs.py`` beside the earlier tables:
+files that are not regular or not sane (docs/bad-input.md, rule 6: one reader for every file the tools read).
+
+It exists apart from the earlier tables so that each stays a readable catalogue. Rows are the same ``Case``; rows
+marked ``(kept back)`` are variants not looked at while fixing: they check that the rule, not the example, was
+fixed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from hostile_cases import Case
+from hostile_round3 import BLOCKS, fifo
+
+__all__ = ["CASES4"]
+
+CASES4: list[Case] = []
+
+
+def case(id: str, argv, needles=(), code: int = 2, setup=None, owned=(), process: str = "") -> None:
+    CASES4.append(Case(id, tuple(argv), tuple(needles), code, setup, tuple(owned), process))
+
+
+def deep(path: str, levels: int = 200_000) -> Callable[[Path], None]:
+    """A JSON file nested ``levels`` deep."""
+    def plant(root: Path) -> None:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text("[" * levels + "]" * levels, encoding="utf-8")
+    return plant
+
+
+def loop(path: str) -> Callable[[Path], None]:
+    """A symlink loop: ``path`` -> ``path``.b -> ``path``."""
+    def plant(root: Path) -> None:
+        os.symlink(f"{path}.b", root / path)
+        os.symlink(path, root / f"{path}.b")
+    return plant
+
+
+def trained_with(path: str, plant: Callable[[Path], None]) -> Callable[[Path], None]:
+    """A copy of the trained model in ``path``, its metrics.json replaced by what ``plant`` puts there."""
+    def setup(root: Path) -> None:
+        shutil.copytree(os.environ["HOSTILE_TRAINED"], root / path)
+        (root / path / "metrics.json").unlink(missing_ok=True)
+        plant(root)
+    return setup
+
+
+TRAIN = ("train", "--model", "{base}", "--data", "{data}", "--output-dir", "out", "--no-progress")
+case("a FIFO as --replay-plan", [*TRAIN, "--replay-plan", "p.json"], ("--replay-plan", "not a regular file"),
+     setup=fifo("p.json"), process=BLOCKS)
+case("/dev/zero as --replay-plan", [*TRAIN, "--replay-plan", "/dev/zero"], ("--replay-plan", "not a regular file"))
+case("a --replay-plan nested 200,000 levels deep", [*TRAIN, "--replay-plan", "p.json"],
+     ("--replay-plan", "nested deeper than 64 levels"), setup=deep("p.json"))
+case("a symlink loop as --replay-plan (kept back)", [*TRAIN, "--replay-plan", "p.json"],
+     ("--replay-plan", "symlink loop"), setup=loop("p.json"))
+case("a --replay-plan directory whose metrics.json is nested deep (kept back)", [*TRAIN, "--replay-plan", "run"],
+     ("--replay-plan", "nested deeper"), setup=deep("run/metrics.json", 5_000))
+case("a FIFO as the model's metrics.json under eval", ["eval", "--model", "m", "--data", "{data}"],
+     ("--model", "not a regular file"), setup=trained_with("m", fifo("m/metrics.json")), process=BLOCKS)
+case("a FIFO as the model's metrics.json under predict", ["predict", "--model", "m", "good"],
+     ("--model", "not a regular file"), setup=trained_with("m", fifo("m/metrics.json")), process=BLOCKS)
+case("a metrics.json nested 200,000 levels deep under predict", ["predict", "--model", "m", "good"],
+     ("--model", "nested deeper than 64 levels"), setup=trained_with("m", deep("m/metrics.json")))
+case("a metrics.json nested deep under eval (kept back)", ["eval", "--model", "m", "--data", "{data}"],
+     ("--model", "nested deeper"), setup=trained_with("m", deep("m/metrics.json", 3_000)))
+case("a symlink loop as --data", ["train", "--model", "{base}", "--data", "d.csv", "--output-dir", "out"],
+     ("--data", "symlink loop"), setup=loop("d.csv"))
+case("a symlink loop as --eval-data (kept back)", [*TRAIN, "--eval-data", "e.csv"], ("--eval-data", "symlink loop"),
+     setup=loop("e.csv"))
+case("a symlink loop as eval --data (kept back)", ["eval", "--model", "{trained}", "--data", "d.csv"],
+     ("--data", "symlink loop"), setup=loop("d.csv"))
