@@ -74,3 +74,42 @@ case("a symlink loop as --eval-data (kept back)", [*TRAIN, "--eval-data", "e.csv
      setup=loop("e.csv"))
 case("a symlink loop as eval --data (kept back)", ["eval", "--model", "{trained}", "--data", "d.csv"],
      ("--data", "symlink loop"), setup=loop("d.csv"))
+
+# --- rule 7: every number checked before the model loads (the LR schedule at every step it will take) -----------
+
+SCHEDULED = (*TRAIN, "--batch-size", "8")
+
+
+def kwargs(schedule: str, text: str, *extra: str) -> list[str]:
+    """A train command line with that schedule and keywords (braces doubled: the runner formats each argument)."""
+    text = text.replace("{", "{{").replace("}", "}}")
+    return [*SCHEDULED, "--lr-scheduler-type", schedule, "--lr-scheduler-kwargs", text, *extra]
+
+
+case("a NaN num_cycles", kwargs("cosine", '{"num_cycles": NaN}'), ("num_cycles=NaN", "finite number > 0"))
+case("a negative lr_end", kwargs("polynomial", '{"lr_end": -0.001}'), ("lr_end=-0.001", ">= 0 below --lr"))
+case("a min_lr_rate of a million", kwargs("cosine_with_min_lr", '{"min_lr_rate": 1e6}'),
+     ("min_lr_rate=1000000.0", "[0, 1]"))
+case("a warmup longer than the run", [*SCHEDULED, "--warmup-steps", "100000000000000000000000"],
+     ("--warmup-steps", "longer than the run's"))
+case("a negative num_decay_steps", kwargs("warmup_stable_decay", '{"num_decay_steps": -5}'),
+     ("num_decay_steps=-5", "integer >= 1"))
+case("a negative min_lr_rate", kwargs("cosine_with_min_lr", '{"min_lr_rate": -3}'), ("min_lr_rate=-3",))
+case("a keyword given twice", kwargs("cosine", '{"num_cycles": 0.5, "num_cycles": 3}'),
+     ("--lr-scheduler-kwargs", "'num_cycles' more than once"))
+case("last_epoch in the kwargs", kwargs("cosine", '{"last_epoch": 3}'),
+     ("'last_epoch' is not a keyword of --lr-scheduler-type cosine",))
+case("a NaN power", kwargs("polynomial", '{"power": NaN}'), ("power=NaN",))
+case("a weight decay of 1e308", [*SCHEDULED, "--weight-decay", "1e308"], ("--weight-decay", "below 1 / lr"))
+case("an infinite num_cycles (kept back)", kwargs("cosine_with_restarts", '{"num_cycles": Infinity}'),
+     ("num_cycles=Infinity",))
+case("a timescale of 0 (kept back)", kwargs("inverse_sqrt", '{"timescale": 0}'), ("timescale=0", "integer >= 1"))
+case("a min_lr above --lr (kept back)", kwargs("cosine_with_min_lr", '{"min_lr": 1.0}'), ("min_lr=1.0",))
+case("a negative num_stable_steps (kept back)", kwargs("warmup_stable_decay",
+                                                       '{"num_decay_steps": 2, "num_stable_steps": -1}'),
+     ("num_stable_steps=-1",))
+case("an unknown decay_type (kept back)", kwargs("warmup_stable_decay", '{"num_decay_steps": 2, "decay_type": "exp"}'),
+     ("decay_type=\"exp\"", "one of linear, cosine, 1-sqrt"))
+case("a zero power (kept back)", kwargs("polynomial", '{"power": 0}'), ("power=0",))
+case("a keyword given twice among others (kept back)",
+     kwargs("polynomial", '{"power": 1.0, "lr_end": 0.0, "power": 2.0}'), ("'power' more than once",))

@@ -120,8 +120,16 @@ def json_object(text: str) -> dict:
     """``--lr-scheduler-kwargs``: a JSON object, e.g. ``{"num_cycles": 2}``."""
     import json
 
+    def distinct(pairs: list) -> dict:
+        keys = [key for key, _ in pairs]
+        repeated = sorted({key for key in keys if keys.count(key) > 1})
+        if repeated:  # json.loads would keep the last silently
+            raise argparse.ArgumentTypeError(f"{text!r} gives {', '.join(map(repr, repeated))} more than once: give "
+                                             "each keyword once")
+        return dict(pairs)
+
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=distinct)
     except ValueError:
         value = None
     if not isinstance(value, dict):

@@ -165,6 +165,7 @@ def _run(settings: TrainSettings, task: Task, head_cls: Any, sources: Sources, s
         raise ValueError(f"{len(train_rows)} training rows are fewer than one global batch of "
                          f"{ranks * settings.batch_size} ({ranks} device(s) x batch size {settings.batch_size}): "
                          "lower --batch-size or add rows")
+    _check_schedule(settings, len(train_rows), ranks)
     checkpoint_dir, saved = prepare_checkpoints(settings)  # reads a --resume checkpoint (torch) after the cheap checks
     plan = job_plan(settings, sources, train_rows.labels, len(settings.devices) if settings.devices else None)
     plan["lr"] = settings.lr
@@ -218,6 +219,20 @@ def _run(settings: TrainSettings, task: Task, head_cls: Any, sources: Sources, s
     finally:
         if main:
             ownership.release_if_empty(checkpoint_dir)  # a marker alone (nothing saved) is not left behind
+
+
+def _check_schedule(settings: TrainSettings, rows: int, ranks: int) -> None:
+    """The LR of every micro-step the run will take, before the model loads (``schedule_check``)."""
+    from ..config import DdpConfig
+    from ..elche.partition import steps_per_epoch
+    from .schedule import warmup_steps_for
+    from .schedule_check import check_schedule
+
+    total = steps_per_epoch(rows, ranks * settings.batch_size, DdpConfig.drop_last) * settings.epochs
+    warmup = warmup_steps_for(total, settings.warmup_steps, settings.warmup_ratio)
+    option = "--warmup-steps" if settings.warmup_steps is not None else "--warmup-ratio"
+    check_schedule(settings.lr_scheduler_type, settings.lr_scheduler_kwargs, float(settings.lr), total, warmup,
+                   option)
 
 
 def _record_contents(plan: dict, settings: TrainSettings, sources: Sources) -> None:

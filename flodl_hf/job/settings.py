@@ -79,6 +79,10 @@ def _check_optimisation(settings: "TrainSettings") -> None:
     if not _real(settings.weight_decay) or settings.weight_decay < 0:
         raise ValueError(f"weight_decay={settings.weight_decay!r} is invalid: use a finite value >= 0 "
                          "(--weight-decay), e.g. 0.01")
+    if settings.lr is not None and _real(settings.lr) and settings.weight_decay * settings.lr >= 1:
+        raise ValueError(f"weight_decay={settings.weight_decay!r} with lr={settings.lr!r} would scale the weights by "
+                         f"1 - lr x weight decay = {1 - settings.weight_decay * settings.lr:.3g} at every step "
+                         f"(--weight-decay, --lr): use a weight decay below 1 / lr = {1 / settings.lr:g}, e.g. 0.01")
     if settings.max_grad_norm is not None and (not _real(settings.max_grad_norm) or settings.max_grad_norm < 0):
         raise ValueError(f"max_grad_norm={settings.max_grad_norm!r} is invalid: use a finite norm >= 0 "
                          "(--max-grad-norm; 0 turns clipping off), e.g. 1.0")
@@ -121,12 +125,14 @@ def _try_schedule(name: str, kwargs: dict, lr: float) -> None:
     import torch
 
     from .schedule import KWARGS_EXAMPLES, TrainerSchedule
+    from .schedule_check import check_keywords
 
     example = KWARGS_EXAMPLES[name]
     fix = f"e.g. --lr-scheduler-kwargs '{example}'" if example else "leave --lr-scheduler-kwargs out"
     if example is None:
         raise ValueError(f"--lr-scheduler-type {name} takes no keywords, but --lr-scheduler-kwargs gives "
                          f"'{json.dumps(kwargs)}': {fix}")
+    check_keywords(name, kwargs, lr, example)
     try:
         schedule = TrainerSchedule(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr), name, 10, 1, kwargs)
         for _ in range(10):
