@@ -8,6 +8,7 @@ never a traceback; a mode that fails is reported in the table and makes the exit
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Optional, Sequence
 
@@ -30,9 +31,12 @@ class _Parser(argparse.ArgumentParser):
 
 def _floats(text: str) -> tuple[float, ...]:
     try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
+        values = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of numbers, e.g. 1.0,0.4") from None
+        values = (math.nan,)
+    if not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of finite numbers, e.g. 1.0,0.4")
+    return values
 
 
 def _words(text: str) -> tuple[str, ...]:

@@ -87,11 +87,12 @@ class SimSettings:
         ranks = tuple(int(n) for n in self.ranks)
         if not ranks or any(n < 1 for n in ranks):
             raise ValueError(f"--ranks {ranks!r} is invalid: give rank counts >= 1, e.g. 8,16,32")
-        if self.speeds is not None and (not self.speeds or any(not s > 0 for s in self.speeds)):
-            raise ValueError(f"--speeds {self.speeds!r} is invalid: give positive speeds, e.g. 1.0,0.4")
-        if not self.fleet or any(not s > 0 or not w > 0 for _, s, w in self.fleet):
-            raise ValueError(f"--fleet {self.fleet!r} is invalid: give NAME:SPEED[:SHARE] groups, speed and "
-                             "share > 0, e.g. h100:1.0,a100:0.5")
+        if self.speeds is not None and (not self.speeds or any(not 0 < s < math.inf for s in self.speeds)):
+            raise ValueError(f"--speeds {self.speeds!r} is invalid: give positive finite speeds, e.g. 1.0,0.4")
+        if not self.fleet or any(not 0 < s < math.inf or not 0 < w < math.inf for _, s, w in self.fleet):
+            given = ",".join(f"{name}:{speed:g}:{share:g}" for name, speed, share in self.fleet)
+            raise ValueError(f"--fleet {given} is invalid: give NAME:SPEED[:SHARE] groups, speed and share finite "
+                             "and > 0, e.g. h100:1.0,a100:0.5")
         checks = (("device-ms", self.device_ms, 0.0, False), ("overhead-ms", self.overhead_ms, 0.0, True),
                   ("noise", self.noise, 0.0, True), ("sync-noise", self.sync_noise, 0.0, True),
                   ("model-mb", self.model_mb, 0.0, True), ("bandwidth-gbps", self.bandwidth_gbps, 0.0, False),

@@ -10,6 +10,7 @@ Nothing here imports torch. Usage errors exit 2 with one line on stderr.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -34,9 +35,12 @@ class _Parser(argparse.ArgumentParser):
 def _numbers(kind: type, example: str) -> Any:
     def parse(text: str) -> tuple:
         try:
-            return tuple(kind(x) for x in text.split(",") if x.strip())
+            values = tuple(kind(x) for x in text.split(",") if x.strip())
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of numbers, e.g. {example}") from None
+            values = (math.nan,)
+        if not all(math.isfinite(v) for v in values):  # inf or nan would fill the table with nan, exit 0
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of finite numbers, e.g. {example}")
+        return values
     return parse
 
 

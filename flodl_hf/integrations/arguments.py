@@ -7,6 +7,7 @@ that exists. The refusals live here, apart from the trainer, so they read as one
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 from dataclasses import dataclass
@@ -53,10 +54,10 @@ class ElCheArguments:
         hint = self.speed_hint
         if hint is not None and not (
             isinstance(hint, (tuple, list)) and len(hint) == 2 and isinstance(hint[0], int)
-            and isinstance(hint[1], numbers.Real) and hint[1] >= 1
+            and isinstance(hint[1], numbers.Real) and math.isfinite(hint[1]) and hint[1] >= 1
         ):
             raise ValueError(f"ElCheArguments(speed_hint={hint!r}) is invalid: give (slow_rank, ratio) with an int "
-                             "rank and a ratio >= 1, e.g. speed_hint=(1, 2.5)")
+                             "rank and a finite ratio >= 1, e.g. speed_hint=(1, 2.5)")
         sizes = self.batch_sizes
         if sizes is not None and (not isinstance(sizes, (list, tuple)) or not sizes
                                   or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in sizes)):

@@ -97,11 +97,13 @@ def test_calibration_within_five_percent_of_measured() -> None:
 
 
 @pytest.mark.parametrize("bad", [["--ranks", "0"], ["--fleet", "h100"], ["--noise", "-1"], ["--steps", "3"],
-                                 ["--speeds", "1,0"], ["--bogus"]])
+                                 ["--speeds", "1,0"], ["--bogus"],
+                                 ["--speeds", "inf,1"], ["--speeds", "nan,1"], ["--fleet", "a:inf,b:1"]])
 def test_cli_usage_errors_exit_2(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_main(["--simulate", *bad]) == 2
     err = capsys.readouterr().err
     assert err.startswith("flodl-hf bench --simulate: error:") and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and "(('" not in err, err  # one line, no Python tuple
 
 
 def test_cli_runs_and_writes_its_files(tmp_path: Path) -> None:
