@@ -36,7 +36,11 @@ def prepare_output(directory: str | Path) -> Path:
             shown = ", ".join(foreign[:5]) or (", ".join(entries) + " without a flodl-hf bench results.json")
             raise ValueError(f"--output {path} is not empty and not a flodl-hf bench output (found {shown}): "
                              "give a new or empty directory")
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a part of the path is a file, or a parent is not writable
+        raise ValueError(f"--output {path} cannot be created ({exc.strerror or type(exc).__name__}): give a "
+                         "directory whose parents are directories you can write to") from None
     return path
 
 

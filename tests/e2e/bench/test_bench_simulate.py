@@ -106,6 +106,16 @@ def test_cli_usage_errors_exit_2(bad: list[str], capsys: pytest.CaptureFixture[s
     assert len(err.strip().splitlines()) == 1 and "(('" not in err, err  # one line, no Python tuple
 
 
+def test_an_output_under_a_file_is_refused_before_the_run(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "afile").write_text("a user's file\n")
+    assert bench_main(["--simulate", "--output", str(tmp_path / "afile" / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flodl-hf bench --simulate: error: --output ") and "cannot be created (Not a directory)" \
+        in err and len(err.strip().splitlines()) == 1, err
+    assert (tmp_path / "afile").read_text() == "a user's file\n"
+
+
 def test_cli_runs_and_writes_its_files(tmp_path: Path) -> None:
     out = tmp_path / "sim"
     code = ("import sys; from flodl_hf.cli import main; rc = main(sys.argv[1:]); "
