@@ -8,11 +8,11 @@ never a traceback; a mode that fails is reported in the table and makes the exit
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from typing import Optional, Sequence
 
 from .settings import ALL_MODES, WORKLOADS, BenchSettings
+from .simulate_cli import number_list
 from .workloads import MODELS
 
 __all__ = ["main", "build_parser"]
@@ -29,16 +29,6 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(f"{message} (see `{self.prog} --help`)")
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        values = (math.nan,)
-    if not all(math.isfinite(v) for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of finite numbers, e.g. 1.0,0.4")
-    return values
-
-
 def _words(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
@@ -53,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma list of modes (default: every available one). Known: {', '.join(ALL_MODES)}")
     p.add_argument("--workload", choices=WORKLOADS, default="throughput",
                    help="throughput: fixed steps, samples/s and efficiency; accuracy: time to a held-out accuracy")
-    p.add_argument("--speeds", type=_floats, default=(1.0, 0.4),
+    p.add_argument("--speeds", type=number_list(float, "1.0,0.4"), default=(1.0, 0.4),
                    help="relative speed per rank in (0, 1], one per rank (default 1.0,0.4)")
     p.add_argument("--devices", type=_words, default=None, help="device per rank (default cpu for each)")
     p.add_argument("--device-ms", type=float, default=None,

@@ -18,7 +18,8 @@ from typing import Any, Optional, Sequence
 
 from .simulate import CPU_BENCH, DEFAULT_RANKS, SimSettings, calibrate, simulate
 
-__all__ = ["build_parser", "main", "markdown_table", "calibration_table", "parse_fleet", "write_outputs"]
+__all__ = ["build_parser", "main", "markdown_table", "calibration_table", "number_list", "parse_fleet",
+           "write_outputs"]
 
 PROG = "flodl-hf bench --simulate"
 
@@ -32,13 +33,14 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(f"{message} (see `{self.prog} --help`)")
 
 
-def _numbers(kind: type, example: str) -> Any:
+def number_list(kind: type, example: str) -> Any:
+    """An argparse type: a comma list of finite numbers of ``kind`` (``inf`` or ``nan`` would fill a table with nan)."""
     def parse(text: str) -> tuple:
         try:
             values = tuple(kind(x) for x in text.split(",") if x.strip())
         except ValueError:
             values = (math.nan,)
-        if not all(math.isfinite(v) for v in values):  # inf or nan would fill the table with nan, exit 0
+        if not all(math.isfinite(v) for v in values):
             raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of finite numbers, e.g. {example}")
         return values
     return parse
@@ -66,12 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
         "device times with noise and a ring all-reduce cost, beside synchronous DDP in the same model. "
         "A model, not a measurement."))
     p.add_argument("--simulate", action="store_true", help="(selects this simulator)")
-    p.add_argument("--ranks", type=_numbers(int, "8,16,32"), default=DEFAULT_RANKS,
+    p.add_argument("--ranks", type=number_list(int, "8,16,32"), default=DEFAULT_RANKS,
                    help=f"rank counts to simulate (default {','.join(map(str, DEFAULT_RANKS))})")
     p.add_argument("--fleet", type=parse_fleet, default=d.fleet,
                    help="NAME:SPEED[:SHARE] groups, shares as fractions or counts (default new:1.0,old:0.5: "
                         "half the ranks at speed 1.0, half at 0.5)")
-    p.add_argument("--speeds", type=_numbers(float, "1.0,0.4"), default=None,
+    p.add_argument("--speeds", type=number_list(float, "1.0,0.4"), default=None,
                    help="a speed pattern tiled over the ranks, instead of --fleet (e.g. 1.0,0.4)")
     p.add_argument("--device-ms", type=float, default=d.device_ms, help="ms per 16 samples at speed 1.0 (40)")
     p.add_argument("--overhead-ms", type=float, default=d.overhead_ms,

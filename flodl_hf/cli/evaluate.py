@@ -30,16 +30,9 @@ def trained_columns(model: Any) -> dict:
     """The columns the training run of ``model`` named (``--text-column``, ``--label-column``,
     ``--text-pair-column``, as recorded in its ``metrics.json``); {} without a readable one. Columns of the packaged
     corpus are not recorded as named: a user's data follows the defaults."""
-    from ..files.reader import RefusedFile, read_json
+    from ..export import recorded_settings
 
-    try:
-        recorded = read_json(Path(model) / "metrics.json", "--model").get("settings")
-    except RefusedFile:
-        raise
-    except (OSError, ValueError, AttributeError):
-        return {}
-    if not isinstance(recorded, dict):
-        return {}
+    recorded = recorded_settings(model)
     return {key: recorded[key] for key in _COLUMNS if isinstance(recorded.get(key), str) and recorded[key]}
 
 

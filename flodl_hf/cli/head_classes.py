@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from ..export.tasks import TEXT_CLASSIFICATION, head_class_name
-from ..files.reader import RefusedFile, read_json
 
 __all__ = ["head_class", "LazyHeadClass", "load_head", "trained_settings"]
 
@@ -42,14 +41,10 @@ class LazyHeadClass:
 
 def trained_settings(model: Path) -> dict:
     """The ``max_length`` a flodl-hf run trained with (from its metrics.json), so predictions truncate alike."""
-    try:
-        settings = read_json(model / "metrics.json", "--model").get("settings", {})
-        max_length = settings.get("max_length")
-    except RefusedFile:
-        raise
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return {"max_length": max_length} if isinstance(max_length, int) and max_length >= 2 else {}
+    from ..export import trained_max_length
+
+    max_length = trained_max_length(model)
+    return {} if max_length is None else {"max_length": max_length}
 
 
 def load_head(path: Any, task: str = TEXT_CLASSIFICATION, cls: Any = None) -> Any:

@@ -28,7 +28,7 @@ from ..files.ownership import staged_output_dir
 from ..quiet import quiet_transformers
 
 __all__ = ["VerifyReport", "verify_model_dir", "export_model_dir", "MARKER_FILE", "DEFAULT_VERIFY_SENTENCES",
-           "LONG_TEXT_FACTORS", "long_verify_texts", "trained_max_length", "push_output_dir"]
+           "LONG_TEXT_FACTORS", "long_verify_texts", "recorded_settings", "trained_max_length", "push_output_dir"]
 
 #: File that marks a directory as written by flodl-hf (its JSON has ``"generator": "flodl-hf"``).
 MARKER_FILE = ownership.MARKER
@@ -358,17 +358,23 @@ def _export_model_dir(source: Union[str, Path], output: Union[str, Path], overwr
     return Path(output)
 
 
-def trained_max_length(directory: Union[str, Path]) -> Optional[int]:
-    """The ``max_length`` a flodl-hf run trained with, from ``directory/metrics.json`` (None when not recorded)."""
+def recorded_settings(directory: Union[str, Path]) -> dict:
+    """The settings a flodl-hf run recorded in ``directory/metrics.json`` ({} without a readable record); a
+    ``metrics.json`` that is not a sane file (``flodl_hf.files.reader``) is refused, naming ``--model``."""
     from ..files.reader import RefusedFile, read_json
 
     try:
-        settings = read_json(Path(directory) / "metrics.json", "--model").get("settings", {})
-        value = settings.get("max_length")
+        settings = read_json(Path(directory) / "metrics.json", "--model").get("settings")
     except RefusedFile:
         raise
     except (OSError, ValueError, AttributeError):
-        return None
+        return {}
+    return settings if isinstance(settings, dict) else {}
+
+
+def trained_max_length(directory: Union[str, Path]) -> Optional[int]:
+    """The ``max_length`` a flodl-hf run trained with, from ``directory/metrics.json`` (None when not recorded)."""
+    value = recorded_settings(directory).get("max_length")
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 2 else None
 
 
