@@ -28,6 +28,9 @@ while [ $# -gt 0 ]; do
   fi
 done
 [ $marked = 1 ] || args+=(-m "not gpu")
+# matplotlib builds its font cache on first use by running fc-list, a process start that the unit tier refuses
+# (tests/conftest.py): on a machine that has never run it, build the cache here, outside any test
+MPLBACKEND=Agg "$venv/bin/python" -c "import matplotlib.font_manager" >/dev/null 2>&1 || true
 set +e
 "$venv/bin/python" -m pytest "${args[@]}"
 rc=$?

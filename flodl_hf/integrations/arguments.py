@@ -159,12 +159,6 @@ def check_trainer(trainer: Any) -> PlanReplay | None:
     if str(args.optim).lower().endswith("lomo"):
         _refuse("optim", str(args.optim), "updates parameters inside backward, before El Che reduces gradients",
                 "use another optimizer, e.g. optim='adamw_torch'")
-    import torch
-
-    train = trainer.train_dataset
-    if train is not None and isinstance(train, torch.utils.data.IterableDataset):
-        _refuse("train_dataset", type(train).__name__, "has no length, so El Che cannot split its batches",
-                "pass a map-style dataset (datasets.Dataset or one with __len__ and __getitem__)")
     if getattr(args, "neftune_noise_alpha", None) is not None:
         _refuse("neftune_noise_alpha", args.neftune_noise_alpha, f"on {world} ranks: NEFTune scales its noise by each "
                 "batch's padded shape, and each rank draws it for its own share, so the update would not be one "

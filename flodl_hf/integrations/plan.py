@@ -32,6 +32,7 @@ __all__ = [
     "WEIGHT_KEY",
     "PlanBatchSampler",
     "PlanLoader",
+    "WeighedBatches",
     "WeightedCollate",
     "WeightedRows",
     "WindowPlan",
@@ -187,21 +188,30 @@ class PlanLoader(torch.utils.data.DataLoader):
         """Samples per micro-batch over all ranks (El Che splits each one unequally between them)."""
         return self.batch_sampler.plan.global_micro_batch
 
+    @property
+    def drop_last(self) -> bool:
+        """Whether a short last global micro-batch is dropped (``dataloader_drop_last``), as on Trainer's loader."""
+        return bool(self.batch_sampler.drop_last)
+
+    @drop_last.setter
+    def drop_last(self, value: bool) -> None:
+        """DataLoader sets it to False for a batch sampler; the batch sampler's own is the truth."""
+
     def set_epoch(self, epoch: int) -> None:
         self.batch_sampler.set_epoch(epoch)
 
-    def __iter__(self) -> _WeighedBatches:
-        return _WeighedBatches(super().__iter__())
+    def __iter__(self) -> WeighedBatches:
+        return WeighedBatches(super().__iter__())
 
 
-class _WeighedBatches:
+class WeighedBatches:
     """An iteration of a ``PlanLoader``: each batch without its weight, which is queued in ``weights``."""
 
     def __init__(self, batches: Iterator[Any]) -> None:
         self.batches = batches
         self.weights: deque[int] = deque()
 
-    def __iter__(self) -> _WeighedBatches:
+    def __iter__(self) -> WeighedBatches:
         return self
 
     def __next__(self) -> Any:

@@ -18,7 +18,16 @@ from ..files.atomic import atomic_path
 from ..files.reader import read_json
 from .plan import WindowPlan, equal_sizes
 
-__all__ = ["PLAN_FILE", "STATE_FILE", "check_resume", "checkpoint_state", "read_state", "recorded", "write_json"]
+__all__ = [
+    "PLAN_FILE",
+    "STATE_FILE",
+    "check_resume",
+    "check_stream_resume",
+    "checkpoint_state",
+    "read_state",
+    "recorded",
+    "write_json",
+]
 
 #: What ElCheTrainer adds to each Trainer checkpoint directory.
 STATE_FILE = "elche_trainer.json"
@@ -83,12 +92,31 @@ def recorded(plan: WindowPlan | None, windows: int) -> dict | None:
     return record
 
 
-def checkpoint_state(plan: WindowPlan, world: int, elche: Any, step: int) -> dict:
-    """``elche_trainer.json`` of a checkpoint after ``step`` optimizer steps."""
-    return {"format": _STATE_FORMAT, "global_micro_batch": plan.global_micro_batch,
-            "micro_batches_per_window": plan.micro_batches_per_window, "world_size": world,
-            "batch_sizes": list(plan.sizes), "elche": None if elche is None else elche.state_dict(),
-            "step": step, "plan": recorded(plan, step)}
+def checkpoint_state(plan: WindowPlan, world: int, elche: Any, step: int, *, windows: int | None = None,
+                     stream_ended: int | None = None) -> dict:
+    """``elche_trainer.json`` of a checkpoint after ``step`` optimizer steps (``windows`` windows drawn, where a
+    stream's window cut short by its end makes that more than ``step``; ``stream_ended``: how often a train stream
+    had ended by then)."""
+    state = {"format": _STATE_FORMAT, "global_micro_batch": plan.global_micro_batch,
+             "micro_batches_per_window": plan.micro_batches_per_window, "world_size": world,
+             "batch_sizes": list(plan.sizes), "elche": None if elche is None else elche.state_dict(),
+             "step": step, "plan": recorded(plan, step if windows is None else windows)}
+    if stream_ended is not None:
+        state["stream"] = {"ended": stream_ended}
+    return state
+
+
+def check_stream_resume(state: dict, path: str) -> None:
+    """A stream resumes as Trainer resumes one: by skipping ``global_step x gradient_accumulation_steps``
+    micro-batches from its start. That is where the run stopped only while the stream had not yet ended and started
+    over; a checkpoint saved later is refused in one line."""
+    ended = int((state.get("stream") or {}).get("ended", 0))
+    if ended > 0:
+        raise ValueError(
+            f"ElCheTrainer: {path} was saved after the train stream had ended and started over ({ended} time"
+            f"{'s' if ended > 1 else ''}), and a stream is resumed by skipping global_step x "
+            "gradient_accumulation_steps micro-batches from its start, which would not continue where the run "
+            "stopped: resume from a checkpoint saved before the stream first ended, or train again from the start")
 
 
 def write_json(path: str, data: Any) -> None:

@@ -11,7 +11,8 @@ How it maps onto Trainer (transformers 5.0+, read from the 5.24 source; see ``..
   the window's last micro-batch, as DDP's do (``flodl_hf.integrations.reduce``), finished inside
   ``training_step``, so Trainer's clipping, ``optimizer.step``, scheduler and callbacks then run unchanged on
   gradients identical on every rank.
-* **Data.** The train loader is ours (``flodl_hf.integrations.plan``): Trainer's windows, El Che's split.
+* **Data.** The train loader is ours (``flodl_hf.integrations.plan``): Trainer's windows, El Che's split; for a
+  stream, rank 0 reads each global micro-batch and deals out the shares (``flodl_hf.integrations.stream``).
 * **Loss.** For a window of several micro-batches, ``get_batch_samples`` sums each micro-batch's item and sample
   counts over the ranks (one small collective per window, like Trainer's own ``average_tokens_across_devices``), so
   each rank weighs its part of a micro-batch by its share of the loss one process computes for the whole
@@ -53,7 +54,17 @@ from .plan import (
 )
 from .reduce import GradSum, broadcast_module
 from .shares import CountProbe, Part, rank_count, weighed
-from .state import PLAN_FILE, STATE_FILE, check_resume, checkpoint_state, read_state, recorded, write_json
+from .stream import SizedStreamLoader, StreamLoader, StreamShares, rows_as_read
+from .state import (
+    PLAN_FILE,
+    STATE_FILE,
+    check_resume,
+    check_stream_resume,
+    checkpoint_state,
+    read_state,
+    recorded,
+    write_json,
+)
 
 __all__ = ["ElCheTrainer"]
 
@@ -105,7 +116,7 @@ class ElCheTrainer(Trainer):
     the union of the ranks' micro-batches: same loss normalisation, clipping, schedule and optimizer. On one
     process it is `transformers.Trainer`. Refused at construction on N ranks, one line each: DeepSpeed, FSDP,
     tensor/context parallelism, DataParallel, ``batch_rebalance``, ``auto_find_batch_size``, LOMO optimizers,
-    NEFTune and iterable train sets.
+    NEFTune. An iterable train set (a stream) is read by rank 0 and dealt out (``flodl_hf.integrations.stream``).
     """
 
     def __init__(self, *args: Any, elche: ElCheArguments | None = None, **kwargs: Any) -> None:
@@ -131,6 +142,10 @@ class ElCheTrainer(Trainer):
         self._elche_loss: Any = 0.0  # the window's loss (its sum when the denominator is deferred), for Trainer's log
         self._elche_logged = 0.0
         self._elche_sampler: PlanBatchSampler | None = None
+        # a stream without a length: Trainer syncs only every gradient_accumulation_steps micro-batches, so a window
+        # cut short where the stream ends goes on into the next pass of the stream
+        self._elche_unsized = False
+        self._elche_stream: StreamShares | None = None
         self.callback_handler = _PlanHandler(self.callback_handler, _PlanCallback(self))
 
     # -- properties a user or a callback may read ------------------------------------------------------------
@@ -222,6 +237,8 @@ class ElCheTrainer(Trainer):
         if self.train_dataset is None:
             raise ValueError("Trainer: training requires a train_dataset.")
         dataset, collator = self.train_dataset, self.data_collator
+        if isinstance(dataset, torch.utils.data.IterableDataset):
+            return self._stream_loader(dataset)
         try:
             import datasets
 
@@ -252,8 +269,29 @@ class ElCheTrainer(Trainer):
                           multiprocessing_context=self.args.dataloader_multiprocessing_context)
         return PlanLoader(dataset, **params)  # its epoch: _PlanCallback
 
+    def _stream_loader(self, dataset: torch.utils.data.IterableDataset) -> StreamLoader:
+        """A stream's loader: rank 0 reads it as Trainer's one-process loader would with the global micro-batch, and
+        deals each rank its share (``flodl_hf.integrations.stream``)."""
+        args = self.args
+        collator = self._get_collator_with_removed_columns(self.data_collator, description="Training")
+        plan = self._make_plan()
+        reader = None
+        if self._elche_rank == 0:  # Trainer's one-process loader for a stream (no sampler, no drop_last), uncollated
+            reader = torch.utils.data.DataLoader(
+                dataset, batch_size=plan.global_micro_batch, collate_fn=rows_as_read,
+                num_workers=args.dataloader_num_workers, pin_memory=False,
+                persistent_workers=args.dataloader_persistent_workers,
+                multiprocessing_context=args.dataloader_multiprocessing_context,
+                prefetch_factor=args.dataloader_prefetch_factor, in_order=args.dataloader_in_order)
+        shares = self._elche_stream = StreamShares(dataset, reader, plan, collator)
+        sized = hasattr(type(dataset), "__len__")
+        self._elche_unsized = not sized
+        return (SizedStreamLoader if sized else StreamLoader)(shares, pin_memory=args.dataloader_pin_memory)
+
     def _check_resume(self, state: dict, path: str) -> dict:
-        """``state.check_resume`` with this run's ranks, batch and accumulation."""
+        """``state.check_resume`` with this run's ranks, batch and accumulation (and a stream's rule)."""
+        if isinstance(self.train_dataset, torch.utils.data.IterableDataset):
+            check_stream_resume(state, path)
         return check_resume(state, path, world=self._elche_world, per_device=self.args.train_batch_size,
                             ga=self.args.gradient_accumulation_steps, pinned=self.elche_args.batch_sizes)
 
@@ -375,15 +413,18 @@ class ElCheTrainer(Trainer):
                    for b in batches]
         if not self._elche_on:
             return batches, self._get_num_items_in_batch(batches, device)
+        if not batches:  # the stream has ended (every rank heard it in the same collective)
+            return batches, None
         items = [self._items(b) for b in batches]
         samples = [self._samples(b) for b in batches]
         declared = [self._declared(b) for b in batches] if self.elche_args.loss_items is not None else None
         n = len(batches)
         counted = bool(batches) and "labels" in batches[0] and (
             self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
-        if n == 1:
+        if n == 1 and (self.args.gradient_accumulation_steps == 1 or not self._elche_unsized):
             # A one-micro-batch window has one denominator, so it can ride with the gradients (no collective here):
             # each rank back-propagates its loss *sum* and the reduced gradient is divided by the summed count.
+            # (Not where a stream's last, short window stays open into the next pass: its count cannot wait.)
             self._elche_queue.append(Part(weights[0], items[0], None, samples[0], None, 1,
                                            declared[0] if declared else None))
             return batches, None
@@ -558,14 +599,19 @@ class ElCheTrainer(Trainer):
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         if not os.path.isdir(folder):
             return
+        stream = self._elche_stream
         write_json(os.path.join(folder, STATE_FILE),
-                   checkpoint_state(plan, self._elche_world, self._elche, self.state.global_step))
+                   checkpoint_state(plan, self._elche_world, self._elche, self.state.global_step,
+                                    windows=None if stream is None else stream.windows,
+                                    stream_ended=None if stream is None else stream.ended))
         self._write_plan()
 
     def _write_plan(self) -> None:
         """``output_dir/elche_plan.json``: the split of every window trained so far, for
         ``ElCheArguments(replay_plan=...)`` (rank 0, on several ranks only)."""
-        record = recorded(self._elche_plan, self.state.global_step) if self._elche_on else None
+        stream = self._elche_stream
+        windows = self.state.global_step if stream is None else stream.windows
+        record = recorded(self._elche_plan, windows) if self._elche_on else None
         if record is not None and self.args.should_save:
             write_json(os.path.join(self.args.output_dir, PLAN_FILE), record)
 

@@ -21,6 +21,8 @@ from transformers import (
     TrainingArguments,
 )
 
+from transformers.trainer_utils import has_length
+
 from flodl_hf.integrations import ElCheTrainer
 
 
@@ -51,14 +53,25 @@ class _Events(TrainerCallback):
         return attr
 
 
-def _trainer(cls: type, out: str, batch: int, callbacks: list | None = None, rows: int = 24) -> Trainer:
+class _Stream(torch.utils.data.IterableDataset):
+    """``_Rows`` as a stream: no length."""
+
+    def __init__(self, n: int) -> None:
+        self.rows = _Rows(n)
+
+    def __iter__(self):
+        return (self.rows[i] for i in range(len(self.rows)))
+
+
+def _trainer(cls: type, out: str, batch: int, callbacks: list | None = None, rows: int = 24, stream: bool = False,
+             **kw) -> Trainer:
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1,
                                                      num_attention_heads=2, intermediate_size=8, num_labels=2))
     args = TrainingArguments(output_dir=out, use_cpu=True, report_to=[], per_device_train_batch_size=batch,
                              gradient_accumulation_steps=2, num_train_epochs=2, logging_steps=2, save_strategy="no",
-                             disable_tqdm=True)
-    return cls(model=model, args=args, train_dataset=_Rows(rows), callbacks=callbacks)
+                             disable_tqdm=True, max_steps=4 if stream else -1, **kw)
+    return cls(model=model, args=args, train_dataset=_Stream(rows) if stream else _Rows(rows), callbacks=callbacks)
 
 
 def _names(trainer: Trainer) -> list[str]:
@@ -118,25 +131,44 @@ def test_one_process_train_loader_is_trainers(tmp_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def _surface(loader) -> tuple:
+    """What code reads of a train loader: its length (None: it has none), ``drop_last``, the global batch (Trainer's
+    one-process loader for a stream, accelerate's ``DataLoaderDispatcher``, has none: 8 is assumed)."""
+    return len(loader) if has_length(loader) else None, loader.drop_last, getattr(loader, "total_batch_size", 8)
+
+
 def _loader_on_two_ranks(rank: int, world: int, out: str) -> tuple:
-    trainer = _trainer(ElCheTrainer, f"{out}/{rank}", 4, rows=17)
-    loader = trainer.get_train_dataloader()
-    loader.set_epoch(1)
-    batches = list(loader)
-    return loader.total_batch_size, len(loader), [sorted(b.keys()) for b in batches], [len(b["labels"]) for b in batches]
+    surfaces, keys, sizes = [], [], []
+    for n, kw in enumerate(({}, {"dataloader_drop_last": True}, {"stream": True})):
+        loader = _trainer(ElCheTrainer, f"{out}/{rank}-{n}", 4, rows=17, **kw).get_train_dataloader()
+        loader.set_epoch(1)
+        batches = list(loader)
+        surfaces.append(_surface(loader))
+        keys.append([sorted(b.keys()) for b in batches])
+        sizes.append([len(b["labels"]) for b in batches])
+    return surfaces, keys, sizes
 
 
 def test_two_ranks_train_loader_has_trainers_surface(tmp_path):
     """On N ranks the loader is El Che's, with what code reads of Trainer's: the global batch, the number of
-    micro-batches one process draws, ``set_epoch``, and the user's keys only (a rank's weight-0 stand-in row in
-    a short last micro-batch included: 17 rows = micro-batches of 8, 8 and 1)."""
-    reference = _trainer(Trainer, str(tmp_path / "reference"), 8, rows=17).get_train_dataloader()
-    keys = sorted(next(iter(reference)).keys())
+    micro-batches one process draws (none for a stream), ``drop_last``, ``set_epoch``, and the user's keys only (a
+    rank's weight-0 stand-in row in a short last micro-batch included: 17 rows = micro-batches of 8, 8 and 1), for
+    a map-style set with and without ``dataloader_drop_last`` and for a stream."""
+    references = [_trainer(Trainer, str(tmp_path / f"reference{n}"), 8, rows=17, **kw).get_train_dataloader()
+                  for n, kw in enumerate(({}, {"dataloader_drop_last": True}, {"stream": True}))]
+    keys = sorted(next(iter(references[0])).keys())
+    expected = [_surface(loader) for loader in references]
+    # Trainer's DataLoaderShard reads drop_last=False where its batch sampler drops the short micro-batch; El Che's
+    # loader says what it does
+    assert expected == [(3, False, 8), (2, False, 8), (None, False, 8)], expected
+    expected[1] = (2, True, 8)
     results = run_ranks(_loader_on_two_ranks, 2, str(tmp_path / "ranks"), timeout=120)
     for status, value in results:
         assert status == "ok", value
-        total, length, batch_keys, _ = value
-        assert (total, length) == (reference.total_batch_size, len(reference)) == (8, 3)
-        assert batch_keys == [keys] * length, (batch_keys, keys)
+        surfaces, batch_keys, _ = value
+        assert surfaces == expected, (surfaces, expected)
+        assert batch_keys == [[keys] * 3, [keys] * 2, [keys] * 3], (batch_keys, keys)
     # the last micro-batch: its one row on one rank, a weight-0 stand-in row on the other
-    assert [sum(sizes) for sizes in zip(*(value[3] for _, value in results))] == [8, 8, 2]
+    sizes = [value[2] for _, value in results]
+    assert [[sum(pair) for pair in zip(*(rank[n] for rank in sizes))] for n in range(3)] == [
+        [8, 8, 2], [8, 8], [8, 8, 2]], sizes

@@ -6,7 +6,8 @@ dataset indices) replays a recorded sample order through a sequential sampler, w
 concatenated windows". Each rank writes the dataset indices of every micro-batch its collator saw; rank 0 writes the
 final parameters and Trainer's log history. ``save_steps`` writes checkpoints,
 ``exit_at`` ends every rank abruptly when that step begins, ``resume`` resumes from a checkpoint, ``plain`` runs
-`transformers.Trainer` itself instead of ElCheTrainer on the same data. Each rank records the
+`transformers.Trainer` itself instead of ElCheTrainer on the same data, ``stream`` trains on a stream of the rows
+(no length; ``max_steps`` says how long). Each rank records the
 optimizer step of every call that clears the device cache (``empty_cache``: ``torch_empty_cache_steps``) in
 ``cleared_RANK.jsonl``.
 """
@@ -56,6 +57,35 @@ class Rows(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict:
         return self.data[self.orders[self.epoch][i] if self.orders else i]
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """The rows as a stream with no length: a seeded order per pass, changed by ``set_epoch`` (as a shuffled
+    ``datasets`` stream's is)."""
+
+    def __init__(self, data: list[dict], seed: int) -> None:
+        self.data, self.seed, self.epoch = data, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(len(self.data), generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        for i in order.tolist():
+            yield self.data[i]
+
+
+def train_set(case: dict, data: list[dict]) -> torch.utils.data.Dataset:
+    """The train set a run (not a recorded-order reference) reads: the rows, or a stream of them (``stream``:
+    ``torch`` for the class above, ``hf`` for a shuffled ``datasets.IterableDataset`` of three shards)."""
+    if case.get("stream") == "torch":
+        return Stream(data, case["seed"])
+    if case.get("stream") == "hf":
+        import datasets
+
+        return datasets.Dataset.from_list(data).to_iterable_dataset(num_shards=3).shuffle(seed=case["seed"],
+                                                                                         buffer_size=5)
+    return Rows(data)
 
 
 class Epochs(TrainerCallback):
@@ -189,6 +219,7 @@ def train(case: dict, out: str) -> None:
     args = TrainingArguments(
         output_dir=os.path.join(out, "trainer"), per_device_train_batch_size=bs,
         gradient_accumulation_steps=case["ga"], num_train_epochs=case["epochs"],
+        max_steps=case.get("max_steps", -1),
         learning_rate=case["lr"], warmup_steps=case["warmup"], weight_decay=case["wd"],
         max_grad_norm=case["clip"], lr_scheduler_type="linear", logging_steps=1,
         save_strategy="steps" if case.get("save_steps") else "no", save_steps=case.get("save_steps") or 500,
@@ -216,9 +247,10 @@ def train(case: dict, out: str) -> None:
         cls = overriding(ElCheTrainer, case["override"]) if case.get("override") else ElCheTrainer
         declared = {"loss_items": weighted_items} if case.get("override") == "weighted" else {}
         if case.get("plain"):  # transformers.Trainer itself, with the same data and arguments
-            trainer = Trainer(train_dataset=Rows(data), callbacks=callbacks, **common)
+            trainer = Trainer(train_dataset=train_set(case, data), callbacks=callbacks, **common)
         else:
-            trainer = cls(train_dataset=Rows(data), elche=ElCheArguments(**case.get("elche", {}), **declared),
+            trainer = cls(train_dataset=train_set(case, data),
+                          elche=ElCheArguments(**case.get("elche", {}), **declared),
                           callbacks=callbacks, **common)
     import importlib
 
