@@ -10,12 +10,14 @@ ranks' rows together are the reference's. The reference is `transformers.Trainer
 ``per_device_train_batch_size=U``, on the same stream. Shown failing once: dealing the ranks' rows from the end of
 the micro-batch (rank 0 the last rows) fails the row check; letting a stream's cut-short window of one micro-batch
 defer its count as a full window does leaves up to 1.3e-2 between the parameters (four cases, both
-carry-over ones among them).
+carry-over ones among them); rank 0 raising a read error without telling the others leaves rank 1 a gloo connection
+error instead of the line naming the cause; resuming the checkpoint saved after the stream ended trains on.
 """
 
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 import trainer_runs
@@ -135,3 +137,18 @@ def test_a_stream_resumes_where_it_stopped_or_is_refused(tmp_path):
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "ValueError: ElCheTrainer" in line]
     assert lines and "was saved after the train stream had ended and started over (1 time)" in lines[0], proc.stderr
     assert not (tmp_path / "late" / "log.json").exists()
+
+
+def test_a_stream_that_fails_to_read_stops_every_rank(tmp_path):
+    """Rank 0 alone reads the stream; when reading fails, every rank hears it in the same collective and exits with
+    an error naming the cause (none waits on a reader that has stopped), before the step that needed the rows."""
+    case = dict(RESUME, save_steps=None, stream_fails_at=20)  # rows 18..23 make micro-batch 4, step 2's second
+    start = time.monotonic()
+    proc = trainer_runs.run(case, tmp_path / "fails", 2, timeout=120, expect=1)
+    assert time.monotonic() - start < 120
+    output = proc.stdout + proc.stderr
+    assert "OSError: the stream's source went away at row 20" in output, output[-3000:]
+    assert ("RuntimeError: ElCheTrainer: rank 0 could not read the next batch of the train stream (OSError: the "
+            "stream's source went away at row 20); rank 0's traceback has the cause") in output, output[-3000:]
+    assert not (tmp_path / "fails" / "log.json").exists()
+    assert [len(batches) for batches in trainer_runs.seen(tmp_path / "fails", 2)] == [3, 3]  # step 1, then one

@@ -7,7 +7,7 @@ concatenated windows". Each rank writes the dataset indices of every micro-batch
 final parameters and Trainer's log history. ``save_steps`` writes checkpoints,
 ``exit_at`` ends every rank abruptly when that step begins, ``resume`` resumes from a checkpoint, ``plain`` runs
 `transformers.Trainer` itself instead of ElCheTrainer on the same data, ``stream`` trains on a stream of the rows
-(no length; ``max_steps`` says how long). Each rank records the
+(no length; ``max_steps`` says how long; ``stream_fails_at`` makes reading it fail at that row). Each rank records the
 optimizer step of every call that clears the device cache (``empty_cache``: ``torch_empty_cache_steps``) in
 ``cleared_RANK.jsonl``.
 """
@@ -63,15 +63,17 @@ class Stream(torch.utils.data.IterableDataset):
     """The rows as a stream with no length: a seeded order per pass, changed by ``set_epoch`` (as a shuffled
     ``datasets`` stream's is)."""
 
-    def __init__(self, data: list[dict], seed: int) -> None:
-        self.data, self.seed, self.epoch = data, seed, 0
+    def __init__(self, data: list[dict], seed: int, fails_at: int | None = None) -> None:
+        self.data, self.seed, self.epoch, self.fails_at = data, seed, 0, fails_at
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self):
         order = torch.randperm(len(self.data), generator=torch.Generator().manual_seed(self.seed + self.epoch))
-        for i in order.tolist():
+        for n, i in enumerate(order.tolist()):
+            if n == self.fails_at:
+                raise OSError(f"the stream's source went away at row {n}")
             yield self.data[i]
 
 
@@ -79,7 +81,7 @@ def train_set(case: dict, data: list[dict]) -> torch.utils.data.Dataset:
     """The train set a run (not a recorded-order reference) reads: the rows, or a stream of them (``stream``:
     ``torch`` for the class above, ``hf`` for a shuffled ``datasets.IterableDataset`` of three shards)."""
     if case.get("stream") == "torch":
-        return Stream(data, case["seed"])
+        return Stream(data, case["seed"], case.get("stream_fails_at"))
     if case.get("stream") == "hf":
         import datasets
 
