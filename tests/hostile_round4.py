@@ -8,12 +8,13 @@ fixed.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 from typing import Callable
 
-from hostile_cases import Case
+from hostile_cases import Case, text
 from hostile_round3 import BLOCKS, fifo
 
 __all__ = ["CASES4"]
@@ -113,3 +114,30 @@ case("an unknown decay_type (kept back)", kwargs("warmup_stable_decay", '{"num_d
 case("a zero power (kept back)", kwargs("polynomial", '{"power": 0}'), ("power=0",))
 case("a keyword given twice among others (kept back)",
      kwargs("polynomial", '{"power": 1.0, "lr_end": 0.0, "power": 2.0}'), ("'power' more than once",))
+
+
+def plan_file(path: str, world: int = 2, batch: int = 8, split: list | None = None) -> Callable[[Path], None]:
+    """A metrics.json recording an El Che plan of ``world`` devices at ``--batch-size batch`` (its one split)."""
+    split = split if split is not None else [batch + 1] + [batch] * (world - 2) + [batch - 1]
+    plan = {"format": 1, "world": world, "batch_size": batch, "anchors": [[0, 1]], "splits": [[0, split]]}
+    return text(path, json.dumps({"el_che": {"plan": plan}}))
+
+
+REPLAY = (*TRAIN, "--batch-size", "8", "--replay-plan", "m.json")
+case("a 2-device --replay-plan on 3 devices", [*REPLAY, "--devices", "cpu,cpu,cpu"],
+     ("--replay-plan m.json was recorded on 2 device(s) with --batch-size 8", "this run has 3 device(s)",
+      "replay it on 2 devices (--devices)"), setup=plan_file("m.json"))
+case("a --replay-plan with another --batch-size", [*TRAIN, "--batch-size", "4", "--replay-plan", "m.json",
+                                                   "--devices", "cpu,cpu"],
+     ("with --batch-size 4", "with --batch-size 8, or drop --replay-plan"), setup=plan_file("m.json"))
+case("a hand-edited split [0, 16] in --replay-plan", [*REPLAY, "--devices", "cpu,cpu"],
+     ("--replay-plan m.json is not a recorded El Che plan", "split [0, 16] is not 2 sizes >= 1"),
+     setup=plan_file("m.json", split=[0, 16]))
+case("a 2-device --replay-plan on one device", REPLAY, ("recorded on 2 device(s)", "this run has 1 device(s)"),
+     setup=plan_file("m.json"))
+case("a 3-device --replay-plan on 2 devices (kept back)", [*REPLAY, "--devices", "cpu,cpu"],
+     ("recorded on 3 device(s)", "this run has 2 device(s) (cpu,cpu)"), setup=plan_file("m.json", world=3))
+case("a split that does not sum to the batch in --replay-plan (kept back)", [*REPLAY, "--devices", "cpu,cpu"],
+     ("split [9, 9] is not 2 sizes >= 1 summing to 2 x 8",), setup=plan_file("m.json", split=[9, 9]))
+case("a split of true and 15 in --replay-plan (kept back)", [*REPLAY, "--devices", "cpu,cpu"],
+     ("split [true, 15]",), setup=plan_file("m.json", split=[True, 15]))

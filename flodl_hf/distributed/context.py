@@ -25,7 +25,7 @@ from . import launch
 from .errors import DistributedError
 
 __all__ = ["DistContext", "init_context", "shutdown", "shutdown_at_exit", "current_context", "DistributedError",
-           "side_group", "missing_ranks"]
+           "side_group", "missing_ranks", "planned_world"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,15 @@ _ALIVE_PREFIX = "flodl_hf/alive/"
 
 def current_context() -> Optional[DistContext]:
     return _CONTEXT
+
+
+def planned_world(config: DdpConfig) -> int:
+    """How many ranks ``config`` will train on, known before any starts: the launcher's ``WORLD_SIZE``, else the
+    devices (the field, else ``$FLODL_HF_DEVICES``), else every visible GPU, else one CPU."""
+    launched = os.environ.get("WORLD_SIZE", "")
+    if "RANK" in os.environ and launched.isdigit():
+        return int(launched)
+    return len(config.resolved_devices() or _auto_devices())
 
 
 def _auto_devices() -> list[str]:

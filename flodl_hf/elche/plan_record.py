@@ -13,6 +13,7 @@ run on the same devices is bit for bit the run, whatever else the machine is doi
 from __future__ import annotations
 
 import bisect
+import json
 from typing import Any, Optional
 
 __all__ = ["PLAN_FORMAT", "PlanRecord", "PlanReplay", "check_plan"]
@@ -22,6 +23,14 @@ PLAN_FORMAT = 1
 
 
 _SETUP_FIX = "pass metrics.json's el_che.plan of an earlier run (CLI: --replay-plan path/to/metrics.json)"
+
+
+def _shown(value: Any) -> str:
+    """A value of a plan as its JSON file spells it (``true``, not ``True``)."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def check_plan(plan: Any, name: str = "DdpConfig.replay_plan", fix: str = _SETUP_FIX) -> dict:
@@ -41,24 +50,26 @@ def check_plan(plan: Any, name: str = "DdpConfig.replay_plan", fix: str = _SETUP
     world, batch = plan["world"], plan["batch_size"]
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (world, batch)):
         raise _bad(f"world={world!r} and batch_size={batch!r} must be integers >= 1")
-    for name, entries in (("anchors", plan["anchors"]), ("splits", plan["splits"])):
+    for key, entries in (("anchors", plan["anchors"]), ("splits", plan["splits"])):
         if not isinstance(entries, list) or not entries:
-            raise _bad(f"{name} must be a non-empty list of [start, value] pairs")
+            raise _bad(f"{key} must be a non-empty list of [start, value] pairs")
         starts = []
         for entry in entries:
             if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], int)
                     and entry[0] >= 0):
-                raise _bad(f"{name} entry {entry!r} is not [start >= 0, value]")
+                raise _bad(f"{key} entry {_shown(entry)} is not [start >= 0, value]")
             starts.append(entry[0])
         if starts[0] != 0 or starts != sorted(set(starts)):
-            raise _bad(f"{name} must start at 0 and increase: {starts[:6]}...")
+            raise _bad(f"{key} must start at 0 and increase: {starts[:6]}...")
     for _, anchor in plan["anchors"]:
         if not isinstance(anchor, int) or isinstance(anchor, bool) or anchor < 1:
-            raise _bad(f"anchor {anchor!r} is not an integer >= 1")
+            raise _bad(f"anchor {_shown(anchor)} is not an integer >= 1")
     for _, sizes in plan["splits"]:
-        if not (isinstance(sizes, list) and len(sizes) == world and all(isinstance(b, int) and b >= 0 for b in sizes)
+        # El Che gives every rank at least one sample of each micro-batch, so a recorded split never holds a 0
+        if not (isinstance(sizes, list) and len(sizes) == world and all(
+                isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes)
                 and sum(sizes) == world * batch):
-            raise _bad(f"split {sizes!r} is not {world} sizes summing to {world} x {batch}")
+            raise _bad(f"split {_shown(sizes)} is not {world} sizes >= 1 summing to {world} x {batch}")
     return plan
 
 

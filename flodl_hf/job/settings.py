@@ -53,7 +53,25 @@ def read_plan(path: str) -> dict:
     if plan is None:
         raise ValueError(f"--replay-plan {path}: {file} records no El Che plan (a one-device run, or one written "
                          "before plans were recorded): pass the metrics.json of a run on several devices")
-    return plan
+    from ..elche.plan_record import check_plan
+
+    return check_plan(plan, name=f"--replay-plan {path}",
+                      fix="pass the metrics.json of an earlier run on several devices, as that run wrote it")
+
+
+def check_plan_fits(plan: dict, path: str, config: DdpConfig, batch_size: int) -> None:
+    """A replayed plan is of this run's devices and ``--batch-size``, or refused in one line before the model loads
+    (the engine would find out only once the ranks had started; a plan of several devices on one, never)."""
+    from ..distributed.context import planned_world
+
+    world = planned_world(config)
+    if plan["world"] != world or plan["batch_size"] != batch_size:
+        devices = config.resolved_devices()
+        shown = f" ({','.join(devices)})" if devices else ""
+        raise ValueError(
+            f"--replay-plan {path} was recorded on {plan['world']} device(s) with --batch-size {plan['batch_size']}, "
+            f"but this run has {world} device(s){shown} with --batch-size {batch_size}: replay it on "
+            f"{plan['world']} devices (--devices) with --batch-size {plan['batch_size']}, or drop --replay-plan")
 
 
 def _positive_int(name: str, value: Any, example: int) -> None:
@@ -310,7 +328,9 @@ class TrainSettings:
         if self.replay_plan is not None and self.resume is not None:
             raise ValueError("--replay-plan replays a run from its start, and --resume continues another: drop one "
                              "of them")
-        self.ddp_config()  # DdpConfig validates devices, speed_hint and overhead_target now, not after loading
+        config = self.ddp_config()  # DdpConfig validates devices, speed_hint, overhead_target before loading
+        if config.replay_plan is not None:
+            check_plan_fits(config.replay_plan, str(self.replay_plan), config, self.batch_size)
 
     @property
     def packaged_job(self) -> bool:

@@ -66,7 +66,7 @@ def test_a_plan_for_other_ranks_is_refused():
     with pytest.raises(ValueError, match="DdpConfig.replay_plan is not a recorded El Che plan"):
         DdpConfig(replay_plan={"format": 1, "world": 2})
     bad = {"format": 1, "world": 2, "batch_size": 4, "anchors": [[0, 1]], "splits": [[0, [3, 3]]]}
-    with pytest.raises(ValueError, match=r"split \[3, 3\] is not 2 sizes summing to 2 x 4"):
+    with pytest.raises(ValueError, match=r"split \[3, 3\] is not 2 sizes >= 1 summing to 2 x 4"):
         DdpConfig(replay_plan=bad)
     plan = {"format": 1, "world": 3, "batch_size": 4, "anchors": [[0, 1]], "splits": [[0, [4, 4, 4]]]}
     status = run_ranks(_rank, 2, [1.0, 1.0], None, plan, timeout=120)
@@ -93,8 +93,8 @@ def test_cli_options_reach_the_engine_config(tmp_path):
     plan = {"format": 1, "world": 2, "batch_size": 4, "anchors": [[0, 2]], "splits": [[0, [5, 3]]]}
     (tmp_path / "metrics.json").write_text(json.dumps({"el_che": {"plan": plan}}))
     parser = cli.build_parser()
-    args = parser.parse_args(["train", "--devices", "cpu,cpu", "--lr-scaling", "adascale", "--replay-plan",
-                              str(tmp_path / "metrics.json")])
+    args = parser.parse_args(["train", "--devices", "cpu,cpu", "--batch-size", "4", "--lr-scaling", "adascale",
+                              "--replay-plan", str(tmp_path / "metrics.json")])
     config = cli.settings_from_args(args).ddp_config()
     assert config.lr_scaling == "adascale" and config.replay_plan == plan
     assert cli.settings_from_args(parser.parse_args(["train"])).ddp_config().lr_scaling == "none"
