@@ -137,3 +137,23 @@ def run_main(argv, cwd: Path, env: dict) -> subprocess.CompletedProcess:
         left.append(f"environment variables {changed_env}")
     assert not left, f"flodl-hf {' '.join(map(str, argv))} left the process changed: {left}"
     return subprocess.CompletedProcess([sys.executable, "-m", "flodl_hf", *map(str, argv)], code, stdout, stderr)
+
+
+def python_spellings(command: str, line: str) -> list[str]:
+    """Rule 9: a setting the command has an option for, spelled as the Python API spells it (``field=value``,
+    ``DdpConfig.field``, ``TrainSettings.field``)."""
+    import argparse
+    import dataclasses
+    import re
+
+    from flodl_hf.cli.parser import build_parser
+    from flodl_hf.cli.spelling import field_options
+    from flodl_hf.config import DdpConfig
+    from flodl_hf.job.settings import TrainSettings
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    options = field_options(sub.choices[command])
+    fields = {f.name for cls in (TrainSettings, DdpConfig) for f in dataclasses.fields(cls)} & set(options)
+    spelled = re.finditer(r"(?<![-\w.])(?:(?:DdpConfig|TrainSettings)\.)?([a-z][a-z0-9_]*)=", line)
+    found = [m.group(0) for m in spelled if m.group(1) in fields]
+    return found + re.findall(r"\b(?:DdpConfig|TrainSettings|ElCheArguments)\.\w+", line)

@@ -141,3 +141,15 @@ case("a split that does not sum to the batch in --replay-plan (kept back)", [*RE
      ("split [9, 9] is not 2 sizes >= 1 summing to 2 x 8",), setup=plan_file("m.json", split=[9, 9]))
 case("a split of true and 15 in --replay-plan (kept back)", [*REPLAY, "--devices", "cpu,cpu"],
      ("split [true, 15]",), setup=plan_file("m.json", split=[True, 15]))
+
+# The command line speaks options (docs/bad-input.md, rule 9): the settings' refusals name Python fields, respelled
+# once where flodl-hf prints them (flodl_hf.cli.spelling); every row of the suite checks that no field is left.
+case("an unknown --lr-scheduler-type", [*TRAIN, "--lr-scheduler-type", "cosinus"],
+     ("--lr-scheduler-type cosinus is invalid",))
+case("--devices mixing CUDA and CPU", [*TRAIN, "--devices", "cuda:0,cpu"], ("--devices cuda:0,cpu mix cpu and cuda",))
+case("--devices naming mps beside a CPU (kept back)", [*TRAIN, "--devices", "cpu,mps"],
+     ("--devices cpu,mps include 'mps'", "use --devices mps"))
+case("an unknown device in --devices (kept back)", [*TRAIN, "--devices", "cpu,tpu"],
+     ("unknown device 'tpu'", "--devices cpu,cpu"))
+case("--overhead-target without a longer window (kept back)", [*TRAIN, "--overhead-target", "0.2"],
+     ("--overhead-target 0.2 is invalid", "--max-anchor N"))

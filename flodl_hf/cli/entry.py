@@ -53,6 +53,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (UsageError, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
             PermissionError) as exc:
         message = " ".join(str(exc).split()) or type(exc).__name__
+        if argv and argv[0] != "bench":  # the settings' own refusals speak Python; the command line names options
+            from .spelling import command_spelling
+
+            message = command_spelling(message, argv[0])
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

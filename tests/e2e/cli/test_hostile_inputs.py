@@ -27,7 +27,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from cli_helpers import command_options, run_main
+from cli_helpers import command_options, python_spellings, run_main
 from hostile_cases import CASES as FIRST_CASES
 from hostile_round3 import CASES3
 from hostile_round4 import CASES4
@@ -95,6 +95,8 @@ def check_fix_options(command: str, line: str) -> None:
     wrong = [(c, o) for c, o in named_options(command, line) if o not in options[c]]
     assert not wrong, (wrong, line)
     assert not API_WORDS.search(line), line
+    assert not python_spellings(command, line), (python_spellings(command, line), line)
+
 
 
 @pytest.fixture(scope="module")

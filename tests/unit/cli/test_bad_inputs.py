@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from cli_helpers import python_spellings
 from tiny_models import toy_task
 
 from flodl_hf import cli
@@ -150,7 +151,7 @@ CASES: list[tuple[str, Callable, int, tuple[str, ...]]] = [
     ("overhead target out of range", overhead_target_out_of_range, 2,
      ("argument --overhead-target: 0.9 is out of range", "in [0.01, 0.5]")),
     ("overhead target without --max-anchor", overhead_target_without_room, 2,
-     ("DdpConfig.overhead_target=0.2 is invalid: it lengthens El Che's window", "CLI --max-anchor N")),
+     ("--overhead-target 0.2 is invalid: it lengthens El Che's window", "CLI --max-anchor N")),
     ("output dir exists and is not ours", foreign_output_dir, 2,
      ("is not empty and was not written by flodl-hf", "choose another --output-dir")),
     ("resume from an incompatible checkpoint", incompatible_checkpoint, 2,
@@ -173,6 +174,7 @@ def test_bad_input(name, build, exit_code, needles, tmp_path, tiny_checkpoint, c
     assert len(errors) == 1 and "Traceback" not in err, err
     for needle in needles:
         assert needle in errors[0], (needle, errors[0])
+    assert not python_spellings("train", errors[0]), errors[0]  # rule 9: options, not Python fields
     # Only the engine's one-line setup diagnostic may precede an error raised during training.
     assert all(line.startswith("flodl-hf: ") for line in lines), err
     assert lines[-1] == errors[0]
