@@ -265,14 +265,38 @@ def check_texts(texts: Sequence[str]) -> None:
             raise ValueError(f"TEXT {i} is empty: give non-empty texts to classify")
 
 
-def fs_error_message(exc: OSError, options: str) -> Optional[str]:
-    """One line for a filesystem failure a user can fix (full disk, read-only filesystem), or None."""
+#: What a failed write of ``train`` leaves intact (each command says its own: ``fs_error_message(intact=...)``).
+TRAIN_INTACT = "the previous checkpoint, if any, and --output-dir are as they were"
+
+
+def os_error_of(exc: BaseException) -> Optional[OSError]:
+    """The OS error inside a library's own exception: safetensors' Rust writer reports a failed write (a full disk,
+    a file-size limit) as ``SafetensorError("... (os error 28)")``, not as an ``OSError``; None for anything else."""
+    import errno
+    import re
+
+    if isinstance(exc, OSError):
+        return exc
+    if type(exc).__name__ != "SafetensorError":
+        return None
+    found = re.search(r"\(os error (\d+)\)", str(exc))
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code)) if code in errno.errorcode else None
+
+
+def fs_error_message(exc: OSError, options: str, intact: str = TRAIN_INTACT) -> Optional[str]:
+    """One line for a filesystem failure a user can fix (full disk, file-size limit, read-only filesystem), saying
+    what happened and what is ``intact``, or None."""
     import errno
 
     where = f" writing {exc.filename}" if getattr(exc, "filename", None) else ""
     if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
-        return (f"no space left on the device{where}; the previous checkpoint, if any, is intact: free space, or "
-                f"choose another {options}")
+        return f"no space left on the device{where}; {intact}: free space, or choose another {options}"
+    if exc.errno == errno.EFBIG:
+        return (f"a file grew past the size limit{where} (the filesystem's, or the process's: ulimit -f); {intact}: "
+                f"raise the limit, or choose another {options}")
     if exc.errno == errno.EROFS:
         return f"read-only filesystem{where}: choose a writable {options}"
     if exc.errno in (errno.EACCES, errno.EPERM):

@@ -19,6 +19,19 @@ __all__ = ["main"]
 #: The options that choose where each command writes (named by filesystem errors).
 _WRITE_OPTIONS = {"train": "--output-dir or --checkpoint-dir", "eval": "--json FILE", "export": "--output",
                   "convert-checkpoint": "checkpoint directory"}
+#: What a failed write leaves intact, by command: each writes to a temporary name and renames it into place.
+_INTACT = {"eval": "--json FILE is as it was", "export": "--output is as it was",
+           "convert-checkpoint": "the checkpoint directory is as it was"}
+
+
+def _write_failure(exc: BaseException, argv: Sequence[str]) -> Optional[str]:
+    """The one line for a write that failed (``exc``, or the OS error inside it), or None."""
+    from ..preflight import TRAIN_INTACT, fs_error_message, os_error_of
+
+    error = os_error_of(exc)
+    command = argv[0] if argv else ""
+    return None if error is None else fs_error_message(error, _WRITE_OPTIONS.get(command, "output path"),
+                                                      _INTACT.get(command, TRAIN_INTACT))
 
 
 def _run(command: str, args: object, argv: Sequence[str]) -> int:
@@ -62,10 +75,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
-    except OSError as exc:
-        from ..preflight import fs_error_message
-
-        message = fs_error_message(exc, _WRITE_OPTIONS.get(argv[0] if argv else "", "output path"))
+    except Exception as exc:  # an OSError, or a library's write error that holds one (safetensors)
+        message = _write_failure(exc, argv)
         if message is None:
             raise
         print(f"{PROG}: error: {message}", file=sys.stderr)
