@@ -6,7 +6,7 @@ metrics and the loss-curve plot (the documented ``from flodl_hf.metrics import a
 demand. Each figure follows the library or official rule people trust for it, and is tested against it on seeded
 random cases (``tests/unit/metrics/test_metrics_vs_libraries.py``; the libraries are in the ``dev`` extra only).
 
-* ``classification``: accuracy, macro-F1, per-label scores, confusion matrix; multi-label micro- / macro-F1
+* ``classification``: accuracy, macro-F1, per-label scores, confusion matrix (or its non-zero cells); multi-label micro- / macro-F1
   (scikit-learn's).
 * ``regression``: Pearson and Spearman correlations (scipy.stats').
 * ``entities``: entity precision / recall / F1 of IOB2 tags (seqeval's default mode), and word accuracy.
@@ -14,9 +14,9 @@ random cases (``tests/unit/metrics/test_metrics_vs_libraries.py``; the libraries
 * ``curves``: the loss-curve PNG.
 """
 
-from .classification import (accuracy, classification_summary, confusion_matrix, macro_f1, multi_label_summary,
-                             per_label_scores)
+from .classification import (accuracy, classification_summary, confusion_cells, confusion_matrix, macro_f1,
+                             multi_label_summary, per_label_scores)
 from .curves import plot_loss_curve
 
-__all__ = ["accuracy", "macro_f1", "per_label_scores", "confusion_matrix", "classification_summary",
-           "multi_label_summary", "plot_loss_curve"]
+__all__ = ["accuracy", "macro_f1", "per_label_scores", "confusion_matrix", "confusion_cells",
+           "classification_summary", "multi_label_summary", "plot_loss_curve"]

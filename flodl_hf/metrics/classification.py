@@ -8,7 +8,9 @@ scikit-learn on seeded random cases (``tests/unit/metrics/test_metrics_vs_librar
 
 * single-label: ``accuracy_score``; ``f1_score(average="macro")`` without ``labels=``, i.e. averaged over the labels
   that occur in the references or the predictions; ``precision_recall_fscore_support(average=None)``;
-  ``confusion_matrix`` (rows: references, columns: predictions).
+  ``confusion_matrix`` (rows: references, columns: predictions). Above ``DENSE_LABELS`` labels the summary holds
+  the matrix's non-zero cells instead (``confusion_cells``): a dense 10,000-label matrix is 10^8 counts, gigabytes
+  as Python lists and as JSON, while its non-zero cells are at most one per example.
 * multi-label (label-id sets as indicator rows): ``f1_score(average="micro")``; ``f1_score(average="macro")`` over
   **every** label column, a label that is neither gold nor predicted anywhere counting F1 0; subset accuracy
   (``accuracy_score``: a row counts when every label is right).
@@ -18,8 +20,12 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-__all__ = ["accuracy", "macro_f1", "per_label_scores", "confusion_matrix", "classification_summary",
-           "multi_label_summary"]
+__all__ = ["accuracy", "macro_f1", "per_label_scores", "confusion_matrix", "confusion_cells",
+           "classification_summary", "multi_label_summary", "DENSE_LABELS"]
+
+#: Up to this many labels a summary holds the dense confusion matrix (at most 1,000,000 counts); above it, the
+#: matrix's non-zero cells.
+DENSE_LABELS = 1000
 
 
 def _check(predictions: Sequence[int], references: Sequence[int]) -> None:
@@ -81,9 +87,20 @@ def confusion_matrix(predictions: Sequence[int], references: Sequence[int],
     return matrix
 
 
+def confusion_cells(predictions: Sequence[int], references: Sequence[int]) -> list[list[int]]:
+    """The confusion matrix's non-zero cells, ``[reference, prediction, count]``, in row-major order: the sparse
+    form of ``confusion_matrix``, whose size follows the examples, not the labels squared."""
+    _check(predictions, references)
+    counts: dict[tuple[int, int], int] = {}
+    for p, r in zip(predictions, references):
+        counts[(r, p)] = counts.get((r, p), 0) + 1
+    return [[r, p, n] for (r, p), n in sorted(counts.items())]
+
+
 def classification_summary(predictions: Sequence[int], references: Sequence[int],
                            labels: Sequence[str]) -> dict:
-    """Accuracy, macro-F1, per-label scores keyed by name, and the confusion matrix: JSON-ready."""
+    """Accuracy, macro-F1, per-label scores keyed by name, and the confusion matrix (its non-zero cells above
+    ``DENSE_LABELS`` labels, ``confusion_matrix`` then None): JSON-ready."""
     num_labels = len(labels)
     for ids, what in ((predictions, "prediction"), (references, "reference")):
         bad = [i for i in ids if not 0 <= i < num_labels]
@@ -95,7 +112,9 @@ def classification_summary(predictions: Sequence[int], references: Sequence[int]
         "macro_f1": macro_f1(predictions, references, num_labels),
         "num_examples": len(references),
         "per_label": {name: {k: v for k, v in s.items() if k != "predicted"} for name, s in zip(labels, scores)},
-        "confusion_matrix": confusion_matrix(predictions, references, num_labels),
+        **({"confusion_matrix": confusion_matrix(predictions, references, num_labels)}
+           if num_labels <= DENSE_LABELS
+           else {"confusion_matrix": None, "confusion_cells": confusion_cells(predictions, references)}),
     }
 
 

@@ -171,6 +171,7 @@ class TextClassification(Task):
             "train_label_counts": counts,
             "per_label": summary.get("per_label"),
             "confusion_matrix": summary.get("confusion_matrix"),
+            **({"confusion_cells": summary["confusion_cells"]} if "confusion_cells" in summary else {}),
             **run,
             "settings": self.recorded_settings(settings, settings_dict(settings)),
         }

@@ -28,8 +28,8 @@ import torch
 from seqeval.metrics.sequence_labeling import get_entities
 
 from flodl_hf.job.tasks.problems import summarize
-from flodl_hf.metrics.classification import (accuracy, classification_summary, confusion_matrix, macro_f1,
-                                             multi_label_summary, per_label_scores)
+from flodl_hf.metrics.classification import (accuracy, classification_summary, confusion_cells, confusion_matrix,
+                                             macro_f1, multi_label_summary, per_label_scores)
 from flodl_hf.metrics.entities import entities, entity_scores, token_accuracy
 from flodl_hf.metrics.regression import pearson, spearman
 from flodl_hf.metrics.squad import exact_match, normalize_answer, squad_scores, token_f1
@@ -75,6 +75,39 @@ def test_single_label_metrics_equal_scikit_learn():
         assert confusion_matrix(pred, gold, k) == matrix
         summary = classification_summary(pred, gold, [f"l{i}" for i in range(k)])
         assert summary["confusion_matrix"] == matrix and summary["macro_f1"] == approx(macro)
+        cells = [[r, c, v] for r, row in enumerate(matrix) for c, v in enumerate(row) if v]
+        assert confusion_cells(pred, gold) == cells  # the sparse form: scikit-learn's non-zero cells
+
+
+def test_many_labels_keep_the_confusion_matrix_sparse_and_small():
+    """Above DENSE_LABELS labels the summary holds the matrix's non-zero cells, scikit-learn's (rule 10: 10,000
+    labels summarise and serialise in megabytes; the dense matrix alone is 10^8 counts). Shown failing once: the dense
+    matrix of 10,000 labels alone peaks at 764 MB traced (the bound is 64 MB)."""
+    import json
+    import tracemalloc
+
+    from flodl_hf.metrics.classification import DENSE_LABELS
+
+    rng = random.Random(29)
+    for k in (DENSE_LABELS + 1, 3000):  # scikit-learn's dense matrix stays affordable here
+        gold = _ids(rng, 500, k)
+        pred = [g if rng.random() < 0.5 else rng.randrange(k) for g in gold]
+        summary = classification_summary(pred, gold, [f"l{i}" for i in range(k)])
+        matrix = skm.confusion_matrix(gold, pred, labels=list(range(k)))
+        rows, cols = np.nonzero(matrix)
+        assert summary["confusion_matrix"] is None
+        assert summary["confusion_cells"] == [[int(r), int(c), int(matrix[r, c])] for r, c in zip(rows, cols)]
+    k, n = 10_000, 20_000
+    gold = _ids(rng, n, k)
+    pred = [g if rng.random() < 0.5 else rng.randrange(k) for g in gold]
+    labels = [f"label_{i}" for i in range(k)]
+    tracemalloc.start()
+    try:
+        text = json.dumps(classification_summary(pred, gold, labels), indent=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2**20 and len(text) < 16 * 2**20, (peak, len(text))
 
 
 # --- multi-label classification: scikit-learn on indicator rows --------------------------------------------------
