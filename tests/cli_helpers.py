@@ -141,7 +141,7 @@ def run_main(argv, cwd: Path, env: dict) -> subprocess.CompletedProcess:
 
 def python_spellings(command: str, line: str) -> list[str]:
     """Rule 9: a setting the command has an option for, spelled as the Python API spells it (``field=value``,
-    ``DdpConfig.field``, ``TrainSettings.field``)."""
+    ``DdpConfig.field``, ``TrainSettings.field``, ``field / --option``)."""
     import argparse
     import dataclasses
     import re
@@ -156,4 +156,5 @@ def python_spellings(command: str, line: str) -> list[str]:
     fields = {f.name for cls in (TrainSettings, DdpConfig) for f in dataclasses.fields(cls)} & set(options)
     spelled = re.finditer(r"(?<![-\w.])(?:(?:DdpConfig|TrainSettings)\.)?([a-z][a-z0-9_]*)=", line)
     found = [m.group(0) for m in spelled if m.group(1) in fields]
+    found += [m.group(0) for m in re.finditer(r"(?<![-\w.])([a-z][a-z0-9_]*) / --", line) if m.group(1) in options]
     return found + re.findall(r"\b(?:DdpConfig|TrainSettings|ElCheArguments)\.\w+", line)

@@ -24,6 +24,7 @@ from .routing import refuse_options, route
 __all__ = ["cmd_eval", "trained_columns"]
 
 _COLUMNS = ("text_column", "label_column", "text_pair_column")
+_DEFAULTS = {"text_column": "text", "label_column": "label"}
 
 
 def trained_columns(model: Any) -> dict:
@@ -51,7 +52,15 @@ def _read_with_trained_columns(args: argparse.Namespace, read: Callable[[], Any]
             raise
     for key in missing:
         setattr(args, key, None)
-    return read()
+    try:
+        return read()
+    except ValueError as exc:  # say which columns came from the model, not from the command line
+        if all(inherited[key] == _DEFAULTS.get(key) for key in missing):
+            raise  # the model's were the defaults: the message names them already
+        named = " ".join(f"--{key.replace('_', '-')} {value}" for key, value in inherited.items())
+        lacking = ", ".join(repr(inherited[key]) for key in missing)
+        raise ValueError(f"{exc} (the model's training run read {named}, recorded in its metrics.json, and "
+                         f"{args.data} lacks {lacking}: name its columns with the options)") from None
 
 
 def _columns(args: argparse.Namespace) -> list:

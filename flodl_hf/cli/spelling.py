@@ -24,6 +24,8 @@ _VALUE = r"('[^']*'|\"[^\"]*\"|\[[^\]]*\]|\([^)]*\)|[-+\w.:]+)"
 _ASSIGNED = re.compile(r"(?<![-\w.])(?:(?:DdpConfig|TrainSettings)\.)?([a-z][a-z0-9_]*)=" + _VALUE)
 _NAMED_LIST = re.compile(r"(?<![-\w.])(devices) (\[[^\]]*\])")
 _QUALIFIED = re.compile(r"(?<![-\w.])(?:DdpConfig|TrainSettings)\.([a-z][a-z0-9_]*)\b")
+#: ``label_column / --label-column``: the Python name beside the option, where one message serves both surfaces.
+_BOTH = re.compile(r"(?<![-\w.])([a-z][a-z0-9_]*) / (--[a-z0-9-]+)")
 
 
 def field_options(parser: argparse.ArgumentParser) -> dict[str, str]:
@@ -63,6 +65,10 @@ def cli_spelling(message: str, options: dict[str, str]) -> str:
         option = options.get(match.group(1))
         return match.group(0) if option is None else option
 
+    def both(match: re.Match) -> str:
+        return match.group(2) if options.get(match.group(1)) == match.group(2) else match.group(0)
+
+    message = _BOTH.sub(both, message)
     message = _ASSIGNED.sub(assigned, message)
     message = _NAMED_LIST.sub(assigned, message)
     return _QUALIFIED.sub(qualified, message)

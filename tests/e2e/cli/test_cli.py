@@ -106,6 +106,15 @@ def test_predict_eval_verify_export_on_the_result(trained, workdir, capsys):
     assert code == 0 and "accuracy=" in out and "macro_f1=" in out and "rows=50" in out
     assert json.loads(report.read_text())["num_examples"] == 50
 
+    # data without the model's label column: the line says the columns tried came from its training run
+    (workdir / "stars.csv").write_text("review,stars\ngreat,5\n")
+    code, _, err = run_cli(["eval", "--model", trained, "--data", workdir / "stars.csv", "--no-progress"], capsys)
+    errors = [line for line in err.splitlines() if line.startswith("flodl-hf: error: ")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert "no label column 'label'; available columns: 'review', 'stars'. Choose one with --label-column (the " \
+           "model's training run read --text-column review --label-column sentiment, recorded in its metrics.json, " \
+           "and " in errors[0] and "stars.csv lacks 'sentiment': name its columns with the options)" in errors[0], err
+
     code, out, _ = run_cli(["verify", trained], capsys)
     assert code == 0 and out.startswith("OK: ") and "max_abs_diff=0 " in out
 
