@@ -2,7 +2,7 @@
 
 Rank 0 reads each global micro-batch as one Trainer process with batch ``U`` reads it, and El Che deals out the
 shares. Seeded random cases (2 and 3 ranks; a torch ``IterableDataset`` whose order changes with ``set_epoch``, and a
-shuffled three-shard ``datasets`` stream; pinned, hinted and measured splits; sequence and token classification;
+shuffled three-shard ``datasets`` stream; rank 0 reading through a DataLoader worker; pinned, hinted and measured splits; sequence and token classification;
 gradient accumulation; a short last micro-batch; a stream shorter than ``max_steps``, so it is read again, and
 a window the stream's end cuts short, which Trainer carries into the next pass): the final parameters agree with the
 reference's within 1e-5, the learning rates and logged losses are the reference's, and micro-batch by micro-batch the
@@ -55,6 +55,8 @@ CASES["carry"] = ({"model": "token", "stream": "torch", "n": 17, "data_seed": 41
                    "ga": 2, "epochs": 1, "max_steps": 5, "lr": 3e-3, "warmup": 0, "wd": 0.01, "clip": 1.0, "seed": 43,
                    "elche": {"batch_sizes": [4, 2]}}, 2)
 CASES["carry3"] = (dict(CASES["carry"][0], stream="hf", n=23, ga=3, per_device=2, elche={"batch_sizes": [3, 2, 1]}), 3)
+# rank 0 reads through a DataLoader worker, as the reference's one process does (dataloader_num_workers=1)
+CASES["worker"] = (dict(CASES["carry"][0], workers=1, data_seed=44), 2)
 
 
 @pytest.fixture(scope="module")

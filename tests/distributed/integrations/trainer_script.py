@@ -228,7 +228,7 @@ def train(case: dict, out: str) -> None:
         report_to=case.get("report_to", []), use_cpu=not case.get("cuda", False), seed=case["seed"], disable_tqdm=True,
         train_sampling_strategy="sequential" if reference else case.get("strategy", "random"),
         dataloader_drop_last=case.get("drop_last", False), optim=case.get("optim", "adamw_torch"),
-        remove_unused_columns=False,
+        remove_unused_columns=False, dataloader_num_workers=case.get("workers", 0),
         bf16=case.get("bf16", False), average_tokens_across_devices=case.get("average_tokens", True),
         include_num_input_tokens_seen=case.get("tokens", "no"), torch_empty_cache_steps=case.get("empty_cache"))
     common = {"model": model(case), "args": args, "data_collator": Collate(seen),
