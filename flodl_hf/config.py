@@ -6,7 +6,6 @@ instead of deep inside a collective on one rank. The CLI and ``Trainer.setup_*_w
 
 from __future__ import annotations
 
-import math
 
 import os
 from dataclasses import dataclass, field
@@ -213,24 +212,12 @@ class DdpConfig:
             raise _bad("anchor", self.anchor, f"it exceeds max_anchor={self.max_anchor}: lower anchor or raise "
                        "max_anchor")
         self._check_window_options()
+        from .elche.settings_check import check_batch_sizes, check_speed_hint
+
         if self.speed_hint is not None:
-            if len(self.speed_hint) != 2:
-                raise _bad("speed_hint", self.speed_hint, "give (slow_rank, ratio), e.g. (1, 2.5)")
-            slow, ratio = self.speed_hint
-            if isinstance(slow, bool) or not isinstance(slow, int) or slow < 0:
-                raise _bad("speed_hint", self.speed_hint, "slow_rank must be a rank index, an integer >= 0")
-            if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio):
-                raise _bad("speed_hint", self.speed_hint, "ratio must be a finite number >= 1, e.g. (1, 2.5)")
-            if float(ratio) < 1.0:
-                raise _bad("speed_hint", self.speed_hint,
-                           f"ratio={ratio} must be >= 1 (how many times faster the other ranks are than slow_rank); "
-                           "to say a rank is faster, name the slower rank instead")
-            self.speed_hint = (int(slow), float(ratio))
+            self.speed_hint = check_speed_hint(self.speed_hint, "DdpConfig.speed_hint")
         if self.batch_sizes is not None:
-            sizes = list(self.batch_sizes)
-            if not sizes or any((not isinstance(b, int)) or b < 1 for b in sizes):
-                raise _bad("batch_sizes", self.batch_sizes, "give one integer >= 1 per rank")
-            self.batch_sizes = sizes
+            self.batch_sizes = check_batch_sizes(self.batch_sizes, "DdpConfig.batch_sizes")
         if self.max_grad_norm is not None and not float(self.max_grad_norm) > 0:
             raise _bad("max_grad_norm", self.max_grad_norm, "use a positive norm, or None to disable clipping")
         if self.simulate_speeds is not None:

@@ -7,13 +7,12 @@ that exists. The refusals live here, apart from the trainer, so they read as one
 
 from __future__ import annotations
 
-import math
-import numbers
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..elche.plan_record import PlanReplay, check_plan
+from ..elche.settings_check import check_batch_sizes, check_speed_hint
 from ..files.reader import RefusedFile, UnreadableJson, read_json
 from .plan import equal_sizes
 
@@ -51,18 +50,11 @@ class ElCheArguments:
     replay_plan: str | os.PathLike | dict | None = None
 
     def __post_init__(self) -> None:
-        hint = self.speed_hint
-        if hint is not None and not (
-            isinstance(hint, (tuple, list)) and len(hint) == 2 and isinstance(hint[0], int)
-            and isinstance(hint[1], numbers.Real) and math.isfinite(hint[1]) and hint[1] >= 1
-        ):
-            raise ValueError(f"ElCheArguments(speed_hint={hint!r}) is invalid: give (slow_rank, ratio) with an int "
-                             "rank and a finite ratio >= 1, e.g. speed_hint=(1, 2.5)")
-        sizes = self.batch_sizes
-        if sizes is not None and (not isinstance(sizes, (list, tuple)) or not sizes
-                                  or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in sizes)):
-            raise ValueError(f"ElCheArguments(batch_sizes={sizes!r}) is invalid: give one int >= 1 per rank, "
-                             "e.g. batch_sizes=[12, 4]")
+        hint, sizes = self.speed_hint, self.batch_sizes
+        if hint is not None:
+            self.speed_hint = check_speed_hint(hint, "ElCheArguments.speed_hint")
+        if sizes is not None:
+            self.batch_sizes = check_batch_sizes(sizes, "ElCheArguments.batch_sizes")
         if self.loss_items is not None and not callable(self.loss_items):
             raise ValueError(f"ElCheArguments(loss_items={self.loss_items!r}) is invalid: give a function of a "
                              "collated batch returning what its loss is a mean over, e.g. loss_items=lambda batch: "

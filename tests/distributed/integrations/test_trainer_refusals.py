@@ -104,12 +104,13 @@ def test_one_process_takes_what_trainer_takes(tmp_path, kw):
 
 
 @pytest.mark.parametrize("kw, named", [
-    ({"speed_hint": (0, 0.5)}, "speed_hint=(0, 0.5)"),
-    ({"speed_hint": 2.0}, "speed_hint=2.0"),
-    ({"speed_hint": (1, float("inf"))}, "speed_hint=(1, inf)) is invalid: give (slow_rank, ratio) with an int rank and "
-                                        "a finite ratio >= 1"),
-    ({"speed_hint": (1, float("nan"))}, "speed_hint=(1, nan))"),
-    ({"batch_sizes": [4, 0]}, "batch_sizes=[4, 0]"),
+    ({"speed_hint": (0, 0.5)}, "ElCheArguments.speed_hint=(0, 0.5) is invalid: its ratio 0.5 is below 1"),
+    ({"speed_hint": 2.0}, "ElCheArguments.speed_hint=2.0 is invalid: give (slow_rank, ratio)"),
+    ({"speed_hint": (1, float("inf"))}, "ElCheArguments.speed_hint=(1, inf) is invalid: its ratio inf is not a "
+                                        "finite number: give (slow_rank, ratio), a rank index >= 0 and a finite "
+                                        "ratio >= 1"),
+    ({"speed_hint": (1, float("nan"))}, "speed_hint=(1, nan) is invalid"),
+    ({"batch_sizes": [4, 0]}, "ElCheArguments.batch_sizes=[4, 0] is invalid: give one integer >= 1 per rank"),
     ({"batch_sizes": [4, 4], "speed_hint": (1, 2.0)}, "speed_hint and batch_sizes"),
     ({"loss_items": 3.0}, "loss_items=3.0) is invalid: give a function of a collated batch"),
     ({"replay_plan": 3}, "replay_plan=3) is invalid: give the path of an elche_plan.json"),

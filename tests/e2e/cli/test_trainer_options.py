@@ -66,7 +66,7 @@ def test_the_packaged_run_says_its_size_in_its_first_line(tmp_path, capsys):
     (["--max-grad-norm", "inf"], "argument --max-grad-norm: inf must be a finite number >= 0, e.g. 1.0"),
     (["--warmup-steps", "-1"], "argument --warmup-steps: -1 is too small: use an integer >= 0"),
     (["--lr-scheduler-kwargs", "{oops"], "argument --lr-scheduler-kwargs: '{oops' is not a JSON object"),
-    (["--lr-scheduler-type", "cosine_annealing"], "lr_scheduler_type='cosine_annealing' is invalid: use one of"),
+    (["--lr-scheduler-type", "cosine_annealing"], "--lr-scheduler-type cosine_annealing is invalid: use one of"),
     (["--lr-scheduler-type", "reduce_lr_on_plateau"], "follows a metric, not the step count"),
     (["--warmup-steps", "10", "--warmup-ratio", "0.1"], "--warmup-steps 10 and --warmup-ratio 0.1 both set"),
     (["--lr-scheduler-type", "constant", "--warmup-ratio", "0.1"], "use --lr-scheduler-type constant_with_warmup"),
