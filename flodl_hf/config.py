@@ -189,11 +189,14 @@ class DdpConfig:
         if self.simulate_sync is not None and not float(self.simulate_sync) >= 0:
             raise _bad("simulate_sync", self.simulate_sync,
                        "use a fraction >= 0 of a micro-batch's compute time, e.g. 0.5, or None")
-        if self.overhead_target is not None and not (0.01 <= float(self.overhead_target) <= 0.5):
-            raise _bad("overhead_target", self.overhead_target,
-                       "use a fraction of compute time in [0.01, 0.5], e.g. 0.10")
-        if self.anchor is not None and self.anchor < 1:
-            raise _bad("anchor", self.anchor, "use an anchor >= 1 (micro-batches per synchronisation window)")
+        from .elche.settings_check import anchor_over_bound, anchor_problem, max_anchor_problem, overhead_problem
+
+        for name, check in (("overhead_target", overhead_problem), ("anchor", anchor_problem),
+                            ("max_anchor", max_anchor_problem)):
+            value = getattr(self, name)
+            problem = None if value is None else check(value)
+            if problem is not None:
+                raise _bad(name, value, problem)
         if self.fixed_anchor is not None and (not isinstance(self.fixed_anchor, int)
                                               or isinstance(self.fixed_anchor, bool) or self.fixed_anchor < 1):
             raise _bad("fixed_anchor", self.fixed_anchor, "use an integer >= 1 (micro-batches per optimizer step), "
@@ -205,12 +208,10 @@ class DdpConfig:
                            "use an integer >= 1 (samples per micro-batch), one such integer per rank, or 'auto'")
             if not isinstance(self.max_micro_batch, int):
                 self.max_micro_batch = caps
-        if self.max_anchor is not None and (not isinstance(self.max_anchor, int) or isinstance(self.max_anchor, bool)
-                                            or self.max_anchor < 0):
-            raise _bad("max_anchor", self.max_anchor, "use an integer max_anchor >= 1, or 0 to disable El Che")
-        if self.anchor is not None and self.max_anchor and self.anchor > self.max_anchor:
-            raise _bad("anchor", self.anchor, f"it exceeds max_anchor={self.max_anchor}: lower anchor or raise "
-                       "max_anchor")
+        over = None if self.anchor is None or self.max_anchor is None else anchor_over_bound(self.anchor,
+                                                                                             self.max_anchor)
+        if over is not None:
+            raise _bad("anchor", self.anchor, over)
         self._check_window_options()
         from .elche.settings_check import check_batch_sizes, check_speed_hint
 

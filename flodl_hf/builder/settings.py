@@ -13,6 +13,7 @@ import pickle
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from ..elche.settings_check import anchor_over_bound, anchor_problem, max_anchor_problem, overhead_problem
 from .types import ApplyPolicy, AverageBackend
 
 __all__ = ["BuilderSettings", "DEFAULT_DIVERGENCE_THRESHOLD", "START_METHODS", "MAX_OVERSHOOT_LIMIT"]
@@ -197,31 +198,14 @@ class BuilderSettings:
             bad("policy", self.policy, "use ApplyPolicy.SYNC, ApplyPolicy.CADENCE or ApplyPolicy.ASYNC")
         if not isinstance(self.backend, AverageBackend):
             bad("backend", self.backend, "use AverageBackend.NCCL or AverageBackend.CPU")
-        if not _is_int(self.anchor) or self.anchor < 1:
-            bad(
-                "anchor",
-                self.anchor,
-                ".anchor(n) takes an integer >= 1 (slow-rank batches per averaging window)",
-            )
-        if not _is_int(self.max_anchor) or self.max_anchor < 0:
-            bad(
-                "max_anchor",
-                self.max_anchor,
-                ".max_anchor(n) takes an integer >= 1, or 0 to disable El Che "
-                "(plain synchronous: equal split, average every batch)",
-            )
-        elif _is_int(self.anchor) and self.max_anchor != 0 and self.anchor > self.max_anchor:
-            bad(
-                "anchor",
-                self.anchor,
-                f"it exceeds max_anchor={self.max_anchor}: lower .anchor(n) or raise .max_anchor(n)",
-            )
-        if not _is_real(self.overhead_target) or not 0.01 <= float(self.overhead_target) <= 0.5:
-            bad(
-                "overhead_target",
-                self.overhead_target,
-                ".overhead_target(f) takes a fraction of compute time in [0.01, 0.5], e.g. 0.10",
-            )
+        for name, check in (("anchor", anchor_problem), ("max_anchor", max_anchor_problem),
+                            ("overhead_target", overhead_problem)):
+            problem = check(getattr(self, name))
+            if problem is not None:
+                bad(name, getattr(self, name), problem)
+        over = anchor_over_bound(self.anchor, self.max_anchor)
+        if over is not None:
+            bad("anchor", self.anchor, over)
         if self.max_batch_diff is not None and (not _is_int(self.max_batch_diff) or self.max_batch_diff < 1):
             bad(
                 "max_batch_diff",

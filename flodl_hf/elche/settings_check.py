@@ -1,10 +1,12 @@
-"""The one check of El Che's settings that users give on every surface: a speed hint and a pinned split.
+"""The one check of El Che's settings that users give on several surfaces: a speed hint, a pinned split, the
+window's anchor and bound, and the overhead target.
 
-Why it exists: ``DdpConfig`` (setup mode), ``ElCheArguments`` (the Trainer path) and the command line (through
-``DdpConfig``) take the same two El Che settings, and each checked them with rules and words of its own, so one
-surface accepted what another refused (a boolean rank, a boolean batch size). Each setting now has one function that
-decides and words the refusal; a surface passes only the name the user gave it under (``DdpConfig.speed_hint``,
-``ElCheArguments.speed_hint``; the command line respells the field as its option). Pure Python.
+Why it exists: ``DdpConfig`` (setup mode), ``ElCheArguments`` (the Trainer path), the builder's settings and the
+command line (through ``DdpConfig``) take the same El Che settings, and each checked them with rules and words of
+its own, so one surface accepted what another refused (a boolean rank, a boolean batch size, a string anchor that
+ended in a ``TypeError``). Each setting now has one function that decides and words the refusal; a surface passes
+only the name the user gave it under (``DdpConfig.speed_hint``, ``ElCheArguments.speed_hint``, the builder's
+``overhead_target``; the command line respells the field as its option). Pure Python.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["check_batch_sizes", "check_speed_hint"]
+__all__ = ["anchor_over_bound", "anchor_problem", "check_batch_sizes", "check_speed_hint", "max_anchor_problem",
+           "overhead_problem"]
 
 
 def _integer(value: Any) -> bool:
@@ -44,3 +47,32 @@ def check_batch_sizes(sizes: Any, name: str) -> list[int]:
             or any(not _integer(b) or b < 1 for b in sizes)):
         raise ValueError(f"{name}={sizes!r} is invalid: give one integer >= 1 per rank, e.g. batch_sizes=[12, 4]")
     return list(sizes)
+
+
+def overhead_problem(value: Any) -> str | None:
+    """What is wrong with an overhead target (the fraction of compute time El Che may spend synchronising), with
+    the fix; None when it is a finite number in [0.01, 0.5]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.01 <= value <= 0.5:
+        return "give a fraction of compute time in [0.01, 0.5], e.g. 0.10"
+    return None
+
+
+def anchor_problem(value: Any) -> str | None:
+    """What is wrong with an anchor (micro-batches per synchronisation window), with the fix; None for an int >= 1."""
+    if not _integer(value) or value < 1:
+        return "give an integer >= 1 (micro-batches per synchronisation window)"
+    return None
+
+
+def max_anchor_problem(value: Any) -> str | None:
+    """What is wrong with the window's bound, with the fix; None for an integer >= 0 (0: El Che off)."""
+    if not _integer(value) or value < 0:
+        return "give an integer >= 1 (the longest window, in micro-batches), or 0 to disable El Che"
+    return None
+
+
+def anchor_over_bound(anchor: Any, max_anchor: Any) -> str | None:
+    """What is wrong with a valid anchor above a valid, non-zero bound, with the fix; None otherwise."""
+    if anchor_problem(anchor) or max_anchor_problem(max_anchor) or max_anchor == 0 or anchor <= max_anchor:
+        return None
+    return f"it exceeds max_anchor={max_anchor}: lower the anchor or raise max_anchor"
