@@ -6,10 +6,18 @@ instead of deep inside a collective on one rank. The CLI and ``Trainer.setup_*_w
 
 from __future__ import annotations
 
-
 import os
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
+
+from .elche.settings_check import (
+    anchor_over_bound,
+    anchor_problem,
+    check_batch_sizes,
+    check_speed_hint,
+    max_anchor_problem,
+    overhead_problem,
+)
 
 __all__ = ["DdpConfig", "PRECISIONS", "ANCHOR_RULES", "LR_SCALINGS", "DEVICES_ENV", "NO_LAUNCH_ENV"]
 
@@ -189,8 +197,6 @@ class DdpConfig:
         if self.simulate_sync is not None and not float(self.simulate_sync) >= 0:
             raise _bad("simulate_sync", self.simulate_sync,
                        "use a fraction >= 0 of a micro-batch's compute time, e.g. 0.5, or None")
-        from .elche.settings_check import anchor_over_bound, anchor_problem, max_anchor_problem, overhead_problem
-
         for name, check in (("overhead_target", overhead_problem), ("anchor", anchor_problem),
                             ("max_anchor", max_anchor_problem)):
             value = getattr(self, name)
@@ -208,13 +214,10 @@ class DdpConfig:
                            "use an integer >= 1 (samples per micro-batch), one such integer per rank, or 'auto'")
             if not isinstance(self.max_micro_batch, int):
                 self.max_micro_batch = caps
-        over = None if self.anchor is None or self.max_anchor is None else anchor_over_bound(self.anchor,
-                                                                                             self.max_anchor)
+        over = anchor_over_bound(self.anchor, self.max_anchor)  # None unless both are set, valid, and out of order
         if over is not None:
             raise _bad("anchor", self.anchor, over)
         self._check_window_options()
-        from .elche.settings_check import check_batch_sizes, check_speed_hint
-
         if self.speed_hint is not None:
             self.speed_hint = check_speed_hint(self.speed_hint, "DdpConfig.speed_hint")
         if self.batch_sizes is not None:

@@ -72,7 +72,8 @@ def max_anchor_problem(value: Any) -> str | None:
 
 
 def anchor_over_bound(anchor: Any, max_anchor: Any) -> str | None:
-    """What is wrong with a valid anchor above a valid, non-zero bound, with the fix; None otherwise."""
+    """What is wrong with a valid anchor above a valid, non-zero bound, with the fix; None otherwise (either unset
+    or invalid included: each has its own check)."""
     if anchor_problem(anchor) or max_anchor_problem(max_anchor) or max_anchor == 0 or anchor <= max_anchor:
         return None
     return f"it exceeds max_anchor={max_anchor}: lower the anchor or raise max_anchor"

@@ -38,11 +38,24 @@ __all__ = [
     "WindowPlan",
     "check_sizes",
     "equal_sizes",
+    "spans",
     "split_partial",
 ]
 
 #: Key under which the collated batch carries its weight (1 real, 0 padding); popped before the model sees it.
 WEIGHT_KEY = "__elche_weight__"
+
+
+def spans(sizes: Sequence[int], count: int) -> list[tuple[int, int]]:
+    """Each rank's ``(offset, length)`` in a global micro-batch of ``count`` samples: El Che's ``sizes``, or, for a
+    short last micro-batch (``count < sum(sizes)``), the sizes split in proportion, where a rank may get 0 (it then
+    runs the micro-batch's first sample at weight 0). One rule for the plan sampler and the stream's dealer."""
+    own = list(sizes) if count == sum(sizes) else split_partial(sizes, count)
+    out, lo = [], 0
+    for size in own:
+        out.append((lo, size))
+        lo += size
+    return out
 
 
 def split_partial(sizes: Sequence[int], total: int) -> list[int]:
@@ -133,11 +146,10 @@ class PlanBatchSampler:
         for k in range(len(self)):
             if k % m == 0:
                 sizes = plan.draw(self.epoch * per_epoch + k // m)
-            start, end = k * u, min((k + 1) * u, self.n)
-            own = sizes if end - start == u else split_partial(sizes, end - start)
-            lo = start + sum(own[:r])
-            if own[r] > 0:
-                yield perm[lo:lo + own[r]]
+            start = k * u
+            lo, size = spans(sizes, min(u, self.n - start))[r]
+            if size > 0:
+                yield perm[start + lo:start + lo + size]
             else:  # nothing of this short micro-batch is ours: run one sample at weight 0
                 yield [-1 - perm[start]]
 

@@ -94,9 +94,9 @@ def recorded(plan: WindowPlan | None, windows: int) -> dict | None:
 
 def checkpoint_state(plan: WindowPlan, world: int, elche: Any, step: int, *, windows: int | None = None,
                      stream_ended: int | None = None) -> dict:
-    """``elche_trainer.json`` of a checkpoint after ``step`` optimizer steps (``windows`` windows drawn, where a
-    stream's window cut short by its end makes that more than ``step``; ``stream_ended``: how often a train stream
-    had ended by then)."""
+    """``elche_trainer.json`` of a checkpoint after ``step`` optimizer steps (``windows`` windows drawn, ``step``
+    unless a stream's window cut short by its end makes it more; ``stream_ended``: how often a train stream had
+    ended by then)."""
     state = {"format": _STATE_FORMAT, "global_micro_batch": plan.global_micro_batch,
              "micro_batches_per_window": plan.micro_batches_per_window, "world_size": world,
              "batch_sizes": list(plan.sizes), "elche": None if elche is None else elche.state_dict(),

@@ -27,9 +27,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .plan import WEIGHT_KEY, WindowPlan, WeighedBatches, split_partial
+from .plan import WEIGHT_KEY, WeighedBatches, WindowPlan, spans
 
-__all__ = ["SizedStreamLoader", "StreamLoader", "StreamShares", "deal", "rows_as_read"]
+__all__ = ["SizedStreamLoader", "StreamLoader", "StreamShares", "deal", "rows_as_read", "sized"]
 
 
 def rows_as_read(rows: list[Any]) -> list[Any]:
@@ -41,14 +41,10 @@ def _same(batch: Any) -> Any:
     return batch
 
 
-def deal(rows: list[Any], sizes: list[int], unit: int) -> list[tuple[list[Any], int]]:
-    """Each rank's consecutive rows of one global micro-batch, with their weight (1, or 0 for a stand-in row)."""
-    own = sizes if len(rows) == unit else split_partial(sizes, len(rows))
-    parcels, lo = [], 0
-    for size in own:
-        parcels.append((rows[lo:lo + size], 1) if size > 0 else (rows[:1], 0))
-        lo += size
-    return parcels
+def deal(rows: list[Any], sizes: list[int]) -> list[tuple[list[Any], int]]:
+    """Each rank's consecutive rows of one global micro-batch (``plan.spans``), with their weight (1, or 0 for a
+    stand-in row)."""
+    return [(rows[lo:lo + size], 1) if size > 0 else (rows[:1], 0) for lo, size in spans(sizes, len(rows))]
 
 
 class StreamShares(torch.utils.data.IterableDataset):
@@ -75,7 +71,7 @@ class StreamShares(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         plan = self.plan
-        unit, ga, rank, world = plan.global_micro_batch, plan.micro_batches_per_window, plan.rank, plan.world_size
+        ga, rank, world = plan.micro_batches_per_window, plan.rank, plan.world_size
         source = self._read() if rank == 0 else None
         sizes, k = plan.sizes, 0
         while True:
@@ -93,7 +89,7 @@ class StreamShares(torch.utils.data.IterableDataset):
                     failure = exc
                     parcels = [("error", f"{type(exc).__name__}: {exc}")] * world
                 else:
-                    parcels = [("rows", *parcel) for parcel in deal(list(rows), sizes, unit)]
+                    parcels = [("rows", *parcel) for parcel in deal(list(rows), sizes)]
             received: list[Any] = [None]
             dist.scatter_object_list(received, parcels, src=0)
             message = received[0]
@@ -138,3 +134,10 @@ class SizedStreamLoader(StreamLoader):
 
     def __len__(self) -> int:
         return -(-len(self.dataset.dataset) // self.dataset.plan.global_micro_batch)
+
+
+def sized(dataset: Any) -> bool:
+    """Whether an iterable train set declares a length, from which Trainer counts its epochs (``SizedStreamLoader``);
+    without one Trainer syncs only every ``gradient_accumulation_steps`` micro-batches, so a window the stream's
+    end cuts short goes on into its next pass."""
+    return hasattr(type(dataset), "__len__")

@@ -54,7 +54,7 @@ from .plan import (
 )
 from .reduce import GradSum, broadcast_module
 from .shares import CountProbe, Part, rank_count, weighed
-from .stream import SizedStreamLoader, StreamLoader, StreamShares, rows_as_read
+from .stream import SizedStreamLoader, StreamLoader, StreamShares, rows_as_read, sized
 from .state import (
     PLAN_FILE,
     STATE_FILE,
@@ -142,9 +142,6 @@ class ElCheTrainer(Trainer):
         self._elche_loss: Any = 0.0  # the window's loss (its sum when the denominator is deferred), for Trainer's log
         self._elche_logged = 0.0
         self._elche_sampler: PlanBatchSampler | None = None
-        # a stream without a length: Trainer syncs only every gradient_accumulation_steps micro-batches, so a window
-        # cut short where the stream ends goes on into the next pass of the stream
-        self._elche_unsized = False
         self._elche_stream: StreamShares | None = None
         self.callback_handler = _PlanHandler(self.callback_handler, _PlanCallback(self))
 
@@ -284,9 +281,7 @@ class ElCheTrainer(Trainer):
                 multiprocessing_context=args.dataloader_multiprocessing_context,
                 prefetch_factor=args.dataloader_prefetch_factor, in_order=args.dataloader_in_order)
         shares = self._elche_stream = StreamShares(dataset, reader, plan, collator)
-        sized = hasattr(type(dataset), "__len__")
-        self._elche_unsized = not sized
-        return (SizedStreamLoader if sized else StreamLoader)(shares, pin_memory=args.dataloader_pin_memory)
+        return (SizedStreamLoader if sized(dataset) else StreamLoader)(shares, pin_memory=args.dataloader_pin_memory)
 
     def _check_resume(self, state: dict, path: str) -> dict:
         """``state.check_resume`` with this run's ranks, batch and accumulation (and a stream's rule)."""
@@ -421,7 +416,8 @@ class ElCheTrainer(Trainer):
         n = len(batches)
         counted = bool(batches) and "labels" in batches[0] and (
             self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
-        if n == 1 and (self.args.gradient_accumulation_steps == 1 or not self._elche_unsized):
+        stream = self._elche_stream
+        if n == 1 and (self.args.gradient_accumulation_steps == 1 or stream is None or sized(stream.dataset)):
             # A one-micro-batch window has one denominator, so it can ride with the gradients (no collective here):
             # each rank back-propagates its loss *sum* and the reduced gradient is divided by the summed count.
             # (Not where a stream's last, short window stays open into the next pass: its count cannot wait.)
@@ -602,16 +598,19 @@ class ElCheTrainer(Trainer):
         stream = self._elche_stream
         write_json(os.path.join(folder, STATE_FILE),
                    checkpoint_state(plan, self._elche_world, self._elche, self.state.global_step,
-                                    windows=None if stream is None else stream.windows,
+                                    windows=self._windows_drawn(),
                                     stream_ended=None if stream is None else stream.ended))
         self._write_plan()
+
+    def _windows_drawn(self) -> int:
+        """Windows trained so far: the optimizer steps, or for a stream the windows its dealer drew (more than the
+        steps where the stream's end cut a window short and the next pass went on with it)."""
+        return self.state.global_step if self._elche_stream is None else self._elche_stream.windows
 
     def _write_plan(self) -> None:
         """``output_dir/elche_plan.json``: the split of every window trained so far, for
         ``ElCheArguments(replay_plan=...)`` (rank 0, on several ranks only)."""
-        stream = self._elche_stream
-        windows = self.state.global_step if stream is None else stream.windows
-        record = recorded(self._elche_plan, windows) if self._elche_on else None
+        record = recorded(self._elche_plan, self._windows_drawn()) if self._elche_on else None
         if record is not None and self.args.should_save:
             write_json(os.path.join(self.args.output_dir, PLAN_FILE), record)
 

@@ -6,8 +6,8 @@ metrics and the loss-curve plot (the documented ``from flodl_hf.metrics import a
 demand. Each figure follows the library or official rule people trust for it, and is tested against it on seeded
 random cases (``tests/unit/metrics/test_metrics_vs_libraries.py``; the libraries are in the ``dev`` extra only).
 
-* ``classification``: accuracy, macro-F1, per-label scores, confusion matrix (or its non-zero cells); multi-label micro- / macro-F1
-  (scikit-learn's).
+* ``classification``: accuracy, macro-F1, per-label scores, confusion matrix (or its non-zero cells); multi-label
+  micro- / macro-F1 (scikit-learn's).
 * ``regression``: Pearson and Spearman correlations (scipy.stats').
 * ``entities``: entity precision / recall / F1 of IOB2 tags (seqeval's default mode), and word accuracy.
 * ``squad``: SQuAD exact match and token F1 (the official v1.1 / v2.0 rules).

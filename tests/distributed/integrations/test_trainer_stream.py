@@ -37,14 +37,7 @@ def random_case(seed: int) -> tuple[dict, int]:
         "lr": rng.choice([1e-3, 3e-3]), "warmup": rng.choice([0, 2]), "wd": rng.choice([0.0, 0.01]),
         "clip": rng.choice([0.3, 1.0]), "seed": seed,
     }
-    how = rng.choice(["pinned", "hint", "measured"])
-    if how == "pinned":
-        cut = sorted(rng.sample(range(1, unit), world - 1))
-        case["elche"] = {"batch_sizes": [b - a for a, b in zip([0] + cut, cut + [unit])]}
-    elif how == "hint":
-        case["elche"] = {"speed_hint": [rng.randrange(world), rng.choice([2.0, 3.5])]}
-    else:
-        case["slow"] = {str(rng.randrange(world)): 0.03}
+    case.update(trainer_runs.split_setting(rng, world, unit))
     return case, world
 
 

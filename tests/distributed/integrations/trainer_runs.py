@@ -20,6 +20,18 @@ SCRIPT = Path(__file__).with_name("trainer_script.py")
 env = launch_env  # a launch's environment: this checkout first, offline, one thread, no launcher variables
 
 
+def split_setting(rng, world: int, unit: int) -> dict:
+    """The El Che split of a seeded random case, drawn from ``rng``: pinned (a random cut of the global micro-batch
+    ``unit``), a speed hint, or measured (one rank made slower: ``slow``)."""
+    how = rng.choice(["pinned", "hint", "measured"])
+    if how == "pinned":
+        cut = sorted(rng.sample(range(1, unit), world - 1))
+        return {"elche": {"batch_sizes": [b - a for a, b in zip([0] + cut, cut + [unit])]}}
+    if how == "hint":
+        return {"elche": {"speed_hint": [rng.randrange(world), rng.choice([2.0, 3.5])]}}
+    return {"slow": {str(rng.randrange(world)): 0.03}}
+
+
 def run(case: dict | list, out: Path, world: int, timeout: float = 300,
         expect: int = 0) -> subprocess.CompletedProcess:
     """``case`` under ``torchrun --nproc-per-node world`` (ElCheTrainer), or one process (``world=0``) when it has
