@@ -103,8 +103,8 @@ class _PlanHandler(CallbackHandler):
 
     def call_event(self, event: str, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         hook = getattr(self._plan, event, None)
-        if hook is not None:
-            hook(args, state, control)
+        if hook is not None:  # every event's own arguments: TrainerCallback.on_predict requires metrics
+            hook(args, state, control, **kwargs)
         return super().call_event(event, args, state, control, **kwargs)
 
 

@@ -4,7 +4,9 @@ Callbacks, subclasses and scripts read the callback list, receive Trainer's even
 check here compares ElCheTrainer with `transformers.Trainer` built from the same arguments (one process, and 2 gloo
 ranks against one Trainer process taking the same global batch). Shown failing once: with El Che's epoch-setting
 callback in the public list (as before), the lists differ by one entry and ``pop_callback(DefaultFlowCallback)``
-positions shift; with El Che's loader on one process (as before), the loader is a plain DataLoader.
+positions shift; with El Che's loader on one process (as before), the loader is a plain DataLoader; with the plan's
+callback called without the event's own arguments (as before), ``predict`` raised a TypeError (``on_predict`` requires
+``metrics``), found by transformers' own ``test_mem_metrics``.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def _trainer(cls: type, out: str, batch: int, callbacks: list | None = None, row
              **kw) -> Trainer:
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1,
-                                                     num_attention_heads=2, intermediate_size=8, num_labels=2))
+                                                     num_attention_heads=2, intermediate_size=8, num_labels=2,
+                                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
     args = TrainingArguments(output_dir=out, use_cpu=True, report_to=[], per_device_train_batch_size=batch,
                              gradient_accumulation_steps=2, num_train_epochs=2, logging_steps=2, save_strategy="no",
                              disable_tqdm=True, max_steps=4 if stream else -1, **kw)
@@ -96,28 +99,44 @@ def test_one_process_has_trainers_callback_list(tmp_path):
     assert ours == theirs and "_Events" in ours[0], (ours, theirs)
 
 
+def _train_evaluate_predict(trainer: Trainer) -> tuple:
+    """What a script does with a Trainer: train, then evaluate and predict (each sends its own events)."""
+    trainer.train()
+    metrics = trainer.evaluate(_Rows(10))
+    predicted = trainer.predict(_Rows(10))
+    return metrics["eval_loss"], predicted.predictions, predicted.metrics["test_loss"]
+
+
 def test_one_process_sends_trainers_events(tmp_path):
     ours, theirs = _Events(), _Events()
-    _trainer(ElCheTrainer, str(tmp_path / "a"), 4, [ours]).train()
-    _trainer(Trainer, str(tmp_path / "b"), 4, [theirs]).train()
+    mine = _train_evaluate_predict(_trainer(ElCheTrainer, str(tmp_path / "a"), 4, [ours]))
+    reference = _train_evaluate_predict(_trainer(Trainer, str(tmp_path / "b"), 4, [theirs]))
     assert ours.seen == theirs.seen and ("on_step_end", 6) in theirs.seen, (ours.seen, theirs.seen)
+    assert ("on_predict", 6) in theirs.seen and ("on_evaluate", 6) in theirs.seen, theirs.seen
+    assert mine[0] == reference[0] and mine[2] == reference[2], (mine, reference)
+    assert (mine[1] == reference[1]).all(), (mine[1], reference[1])
 
 
 def _on_two_ranks(rank: int, world: int, out: str) -> tuple[list, list]:
     events = _Events()
     trainer = _trainer(ElCheTrainer, f"{out}/{rank}", 2, [events])
-    trainer.train()
-    return _list_changes(trainer), events.seen
+    predicted = _train_evaluate_predict(trainer)
+    return _list_changes(trainer), events.seen, predicted
 
 
 def test_two_ranks_have_one_trainer_process_callbacks_and_events(tmp_path):
     events = _Events()
     reference = _trainer(Trainer, str(tmp_path / "reference"), 4, [events])  # one process, the same global batch
-    reference.train()
+    predicted = _train_evaluate_predict(reference)
     lists = _list_changes(reference)
     for status, value in run_ranks(_on_two_ranks, 2, str(tmp_path / "ranks"), timeout=180):
         assert status == "ok", value
-        assert value[0] == lists and value[1] == events.seen, (value, lists, events.seen)
+        # evaluation is sharded as under Trainer-DDP: each rank steps through its half of the rows
+        per_batch = [event for event in events.seen if event[0] != "on_prediction_step"]
+        assert value[0] == lists and [e for e in value[1] if e[0] != "on_prediction_step"] == per_batch, value
+        loss, predictions, test_loss = value[2]
+        assert abs(loss - predicted[0]) < 1e-5 and abs(test_loss - predicted[2]) < 1e-5, (value[2], predicted)
+        assert predictions.shape == predicted[1].shape and abs(predictions - predicted[1]).max() < 1e-5
 
 
 def test_one_process_train_loader_is_trainers(tmp_path):
