@@ -1,9 +1,9 @@
 """Goodput El Che vs the throughput rule vs an anchor fixed at 1: time to a held-out accuracy, one command.
 
-Why it exists: issue 15's acceptance figures (and issue 30's, for ``lr_scaling="adascale"``) must be reproducible
+Why it exists: the goodput rule's figures (and AdaScale's, for ``lr_scaling="adascale"``) must be reproducible
 with one command. It runs ``flodl-hf bench`` (the same harness, in-process) on the packaged MiniLM and the packaged
 sentiment corpus, 2 CPU ranks over gloo, real compute (no modelled device time), default settings otherwise, modes
-``elche-setup`` (the default goodput rule), ``elche-throughput`` (the rule before issue 15), ``elche-anchor1``
+``elche-setup`` (the default goodput rule), ``elche-throughput`` (the earlier throughput rule), ``elche-anchor1``
 (``fixed_anchor=1``) and ``elche-adascale`` (goodput with the LR following AdaScale's gain), in alternating rounds,
 for two cases:
 
@@ -11,10 +11,10 @@ for two cases:
    better of the other two plus the rounds' spread (half the range of that mode's times), and its final accuracy
    is within 0.01 of the anchor-1 run's.
 2. ``slow-interconnect``: ``--sync-stretch`` (default 0.5, so sync >= 50 % of compute at anchor 1) models a slow
-   link. Met when goodput reaches the target sooner than the anchor-1 run; for ``elche-adascale`` (issue 30), when
+   link. Met when goodput reaches the target sooner than the anchor-1 run; for ``elche-adascale``, when
    in every round both reach the target and AdaScale's run reaches it sooner.
 
-The default size is issue 15's: 20 steps of 2 x 16 samples (640 rows, one epoch), 200 held-out rows, max length 32,
+The default size is the one the figures were measured at: 20 steps of 2 x 16 samples (640 rows, one epoch), 200 held-out rows, max length 32,
 target 0.60 held-out accuracy, 3 rounds; about 15-25 min (estimated from the smoke run: 18 runs of ~50 s).
 ``--steps 6 --eval-samples 40 --repeats 1`` is a smoke run of a few minutes. Evaluations (off the clock) every
 ``--eval-every`` micro-steps.
@@ -76,7 +76,7 @@ def _case_rows(name: str, result: dict, modes: tuple = MODES) -> tuple[list[str]
 
 
 def _adascale_checks(name: str, f: dict[str, Any]) -> list[tuple[str, bool]]:
-    """Issue 30: with lr_scaling="adascale", in every round both runs reach the target and AdaScale's sooner."""
+    """With lr_scaling="adascale", in every round both runs reach the target and AdaScale's sooner."""
     s, a = f["elche-adascale"], f.get("elche-anchor1")
     if a is None or name != "slow-interconnect":
         return []

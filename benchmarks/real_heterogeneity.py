@@ -1,4 +1,4 @@
-"""Issue 30: El Che on real heterogeneity (a busy core), against the ideal and DDP, with a per-window timeline.
+"""El Che on real heterogeneity (a busy core), against the ideal and DDP, with a per-window timeline.
 
 Why it exists: the issue's figures on real compute (rank r pinned to core r, a busy process sharing core 1, a
 4-layer BERT, no modelled sleeps) put El Che at 0.89-0.93 of the sum of solo rates; the acceptance asks for
@@ -141,7 +141,7 @@ def summary_markdown(result: dict[str, Any], elche: str = ELCHE) -> tuple[str, b
     figs = [round_figures(rd, elche) for rd in result["rounds"]]
     orders = [rd["order"] for rd in result["rounds"]]
     rows, met = checks(figs)
-    lines = [f"# Real heterogeneity (issue 30): {s['model']}, 2 CPU ranks pinned to cores "
+    lines = [f"# Real heterogeneity: {s['model']}, 2 CPU ranks pinned to cores "
              f"{','.join(map(str, result.get('cores') or []))}, busy process on core {s['busy_core']}, "
              f"{s['steps']} steps x 2 x {s['batch_size']} samples ({s['warmup']} warm-up), {len(figs)} round(s)", "",
              "## Throughput against the ideal (sum of solo rates, same cores, same load, same round)", ""]

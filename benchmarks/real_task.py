@@ -1,6 +1,6 @@
 """Time to accuracy on the real task: El Che against torch DDP, the packaged MiniLM on the packaged corpus.
 
-Why it exists: issue 13 asks for the time-to-accuracy claim on the real job, not on a tiny BERT and a toy task.
+Why it exists: the time-to-accuracy claim must hold on the real job, not on a tiny BERT and a toy task.
 It runs ``flodl-hf bench --workload accuracy --model minilm`` (the same harness, in-process): 2 CPU ranks over
 gloo, the packaged MiniLM fine-tuned on the packaged sentiment corpus (3 labels), AdamW 5e-5, max length 64,
 batch 16 per rank, modes ``ddp`` and ``elche-setup`` (defaults).

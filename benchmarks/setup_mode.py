@@ -7,7 +7,7 @@ Why it exists: the figures quoted for setup mode must be reproducible with one c
 2. speeds [1.0, 0.8, 0.5, 0.3], 4 ranks: El Che efficiency >= 0.93 (DDP theory 4 * 0.3 / 2.6 = 0.46)
 3. speeds [1.0, 1.0]: El Che throughput >= 1.00 x DDP's
 
-(issue 13's targets; the first version's were 0.92, 0.88 and 0.97x.)
+(the targets; the first version's were 0.92, 0.88 and 0.97x.)
 
 Modelled device time: 40 ms per 16-sample micro-batch at speed 1.0 (2.5 ms/sample), divided by the rank's speed;
 a small MLP (real compute ~1 ms per micro-batch). 4 ranks on a 2-core machine are fine because the modelled sleep

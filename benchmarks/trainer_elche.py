@@ -1,4 +1,4 @@
-"""Issue 27: `ElCheTrainer` against plain `transformers.Trainer` (DDP), the same script, 2 gloo CPU ranks.
+"""`ElCheTrainer` against plain `transformers.Trainer` (DDP), the same script, 2 gloo CPU ranks.
 
     python benchmarks/trainer_elche.py [--rounds 3] [--steps 25] [--output DIR]          # modelled speeds
     python benchmarks/trainer_elche.py --real [--rounds 3] [--steps 25] [--output DIR]   # real compute, one busy core

@@ -9,7 +9,7 @@ replays the same samples in ONE process with plain PyTorch: per window, the loss
 window's micro-batches divided by its own item count, one optimizer step, the scheduler advanced by the window's
 micro-steps. Final parameters and the LR of every optimizer step must match (rtol 1e-5, fp32).
 
-Loops practitioners write are drawn too (issue 25): a transformers schedule stepped by the loop after
+Loops practitioners write are drawn too: a transformers schedule stepped by the loop after
 ``graph.step()``; a rank skipping a bad batch's ``backward()`` (its declaration bound to the loss, so the batch
 leaves the window: the reference leaves it out); gradient-enabled evaluations in eval mode before the forward and
 between ``backward()`` and ``graph.step()``; submodules in eval mode and gradient checkpointing set before setup
@@ -112,7 +112,7 @@ def make_case(seed: int, world: Optional[int] = None) -> dict:
         "data_seed": rng.randrange(1 << 30),
         # overlap of the all-reduce with backward; tiny buckets give every parameter its own (early) launch
         "overlap": rng.random() < 0.75, "bucket_mb": rng.choice((0.0001, 0.0002, 25.0)),
-        # the loops of issue 25
+        # the loops practitioners write
         "user_schedule": rng.random() < 0.5, "bind": bind, "skips": skips, "evals": evals, "continue_at": cont,
         "eval_at_setup": [g for g in ("mix", "drop", "cls") if rng.random() < 0.2],
         "checkpointing": rng.random() < 0.25, "dropout": rng.choice((0.0, 0.0, 0.2)),

@@ -6,7 +6,7 @@ setup, owned)``: ``argv`` is the ``flodl-hf`` command line with placeholders ``{
 ``setup(case_dir)`` plants the case's own files first; ``needles`` must appear in the one error line; ``owned``
 lists the paths the command may create (for documented acceptances, code 0); ``process`` says why a row needs a
 process of its own (a hang bound, a signal, a resource limit), and rows without one run through ``main(argv)``. The
-classes follow issue 16: ownership, validate first (paths, devices, numbers, model directory, data columns), labels,
+classes follow the first hostile round: ownership, validate first (paths, devices, numbers, model directory, data columns), labels,
 model damage.
 """
 
@@ -210,7 +210,7 @@ case("--resume a directory without checkpoint", [*TRAIN, "--output-dir", "out", 
      ("no checkpoint at",), setup=lambda root: (root / "empty").mkdir())
 case("--resume a foreign checkpoint", [*TRAIN, "--output-dir", "out", "--resume", "c"],
      ("unreadable",), setup=raw("c/checkpoint.pt", b"not a checkpoint"))
-# issue 14: the safe checkpoint format. A pickle is never opened; the exec payload would create a file, which the
+# the safe checkpoint format. A pickle is never opened; the exec payload would create a file, which the
 # listing check would catch. Its bytes: pickle.dumps of an object whose __reduce__ is (exec, ("open('PWNED','w')",)).
 _EXEC_PICKLE = b"\x80\x04\x95-\x00\x00\x00\x00\x00\x00\x00\x8c\x08builtins\x94\x8c\x04exec\x94\x93\x94\x8c" \
     b"\x11open('PWNED','w')\x94\x85\x94R\x94."
@@ -405,7 +405,7 @@ case("JSON-lines object with a repeated key", [*DATA[:4], "d.jsonl", *DATA[5:]],
 case("JSON array object with a repeated key", [*DATA[:4], "d.json", *DATA[5:]], ("repeats the key(s) 'label'",),
      setup=text("d.json", '[{"text": "a", "label": 1, "label": 0}]'))
 
-# --- 8. issue 11: labels by name, splits, problem types, sentence pairs ---------------------------------------
+# --- 8. labels by name, splits, problem types, sentence pairs ---------------------------------------
 
 def saved_dataset(path: str, splits=("train", "test"), names=("neg", "pos"), items=GOOD) -> Callable[[Path], None]:
     """A ``DatasetDict`` saved with ``save_to_disk``, its ``label`` a ClassLabel with ``names`` (in that order)."""

@@ -1,4 +1,4 @@
-"""The third round of hostile input (issue 28), run by ``tests/e2e/cli/test_hostile_inputs.py`` beside
+"""The third round of hostile input, run by ``tests/e2e/cli/test_hostile_inputs.py`` beside
 ``tests/hostile_cases.py``: the task CLIs, ``--resume``, tampered checkpoints, things that block, and the rules
 behind the round's failures (docs/bad-input.md, "Five rules").
 

@@ -11,7 +11,7 @@ A run whose rank raises, dies or hangs fails with :class:`BenchRunError` (every 
 the pool is then torn down (killing any rank still blocked in a collective) and restarted for the next run.
 Nothing is left running after :meth:`RankPool.close`.
 
-Real heterogeneity on CPU cores (issue 30): ``RankPool(world, cores=...)`` pins rank r's process, every thread of
+Real heterogeneity on CPU cores: ``RankPool(world, cores=...)`` pins rank r's process, every thread of
 it, to ``cores[r]`` as it starts (before torch creates its thread pool; threads created later inherit it), and
 :class:`BusyCore` runs a competing busy process pinned to one core for the duration of a ``with`` block (killed
 on exit, errors included; it also exits by itself when its parent dies).

@@ -5,7 +5,7 @@ process starts, with a message naming the flag, the value and the fix. Defaults 
 (``throughput``: small MLP, 60 steps, 2 alternating rounds; ``accuracy``: tiny BERT, 200 steps, 1 round) and
 are filled in by :meth:`BenchSettings.resolved`.
 
-Real heterogeneity on CPU cores (issue 30): ``pin_cores`` pins rank r to the r-th core this process may run on
+Real heterogeneity on CPU cores: ``pin_cores`` pins rank r to the r-th core this process may run on
 (core r on an unrestricted machine), in every mode, solo included, so that "ideal = sum of solo rates" means the
 same cores; ``busy_core`` runs a competing busy process on that core for the whole bench (started and always
 killed by the harness), so the rank pinned there gets about half of it.
@@ -31,8 +31,8 @@ BUILDER_MODES = tuple(f"{p}/{b}" for p in BUILDER_POLICIES for b in ("nccl", "cp
 #: Names ``--modes`` also accepts: a policy alone runs it on both backends; ``builder`` runs all six.
 ALIASES = {**{p: tuple(f"{p}/{b}" for b in ("nccl", "cpu")) for p in BUILDER_POLICIES}, "builder": BUILDER_MODES}
 #: Every mode the bench knows, in table order.
-#: El Che setup mode under each anchor rule: the default (goodput), the rule before issue 15, anchor fixed at 1,
-#: goodput with the LR following AdaScale's gain (``lr_scaling="adascale"``, issue 30).
+#: El Che setup mode under each anchor rule: the default (goodput), the earlier throughput rule, anchor fixed at 1,
+#: goodput with the LR following AdaScale's gain (``lr_scaling="adascale"``).
 ELCHE_VARIANTS = ("elche-throughput", "elche-anchor1", "elche-adascale")
 ALL_MODES = ("solo", "ddp", "accelerate", "accelerate-localsgd", "elche-setup") + ELCHE_VARIANTS + (
     "setup-sync",) + BUILDER_MODES

@@ -1,4 +1,4 @@
-"""Per-window timeline of an El Che run and where its time goes against the ideal (issue 30).
+"""Per-window timeline of an El Che run and where its time goes against the ideal.
 
 Why it exists: "El Che reaches 0.89-0.93 of the sum of solo rates" says how much is lost, not where. Each rank
 records, per micro-step, a few ``time.perf_counter()`` stamps (CLOCK_MONOTONIC on Linux: one clock for every

@@ -9,7 +9,7 @@ modelled device time), ``tiny-bert`` (1 layer, hidden 32, on :mod:`flodl_hf.benc
 default), ``minilm`` (the packaged MiniLM checkpoint on the packaged sentiment corpus, label column
 ``sentiment``, through the ``heads`` package; its real CPU compute is large and is not stretched by speed) and
 ``bert-4l`` (a BERT built from a config: 4 layers, hidden 128, on the same text task, every batch padded to
-``max_length`` so each sample costs the same; real compute, for the real-heterogeneity bench of issue 30).
+``max_length`` so each sample costs the same; real compute, for the real-heterogeneity bench).
 """
 
 from __future__ import annotations

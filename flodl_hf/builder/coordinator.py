@@ -106,7 +106,7 @@ class Coordinator:
         self.rounds = 0
         self.global_step = 0 if s.resume_point is None else int(s.resume_point.start_step)
         self.divergence: Optional[float] = None
-        self.noise = NoiseScale()  # SYNC only: the gradient noise scale of the averaged rounds (issue 15)
+        self.noise = NoiseScale()  # SYNC only: the gradient noise scale of the averaged rounds
         self.ended: set[int] = set()
         self.unsent = [0] * self.world  # batches run since the rank's last snapshot (CPU backend)
         self.batch_ms = [0.0] * self.world

@@ -2,7 +2,7 @@
 
 It exists because a label id means nothing without its name list: a ``datasets`` ``ClassLabel`` column stores
 ids into *its own* names, a model stores ids into *its* ``id2label``, and ``--labels`` gives a third order. Matching
-them by position silently scores a model on shuffled classes (issue 11). So every id that comes with names
+them by position silently scores a model on shuffled classes. So every id that comes with names
 (a ``ClassLabel``) is turned into its name first, and names are then looked up in the target list. The rules:
 
 * ``ClassLabel`` ids -> their names -> the target names (given ``labels``, e.g. ``--labels`` or the model's

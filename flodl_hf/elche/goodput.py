@@ -18,13 +18,13 @@ when synchronising costs more than computing (``o1 > 1``) *and* the gradient is 
 With no noise estimate yet (or a usable one not yet smoothed over ``min_windows`` windows) ``rho = 0``: no
 benefit from a larger batch is assumed, so goodput picks ``min_anchor`` (1 by default).
 
-Design note (issue 15, measured): the first version used Pollux's efficiency ``(rho + 1) / (rho + A)``, which
+Design note (measured): the first version used Pollux's efficiency ``(rho + 1) / (rho + A)``, which
 assumes the LR is re-tuned (AdaScale) for the larger batch. At an unchanged LR it overstates what a longer window
 is worth: on the packaged MiniLM with a modelled interconnect 8x slower than compute it chose longer windows and
 ended one 1,536-row epoch at 0.545 held-out accuracy where anchor 1 reached 0.625. ``E(A)`` above never exceeds
 Pollux's, so wherever the first version kept anchor 1 this one does too.
 
-**With the LR following the batch** (``lr_scaling="adascale"``, opt-in; issue 30): the engine multiplies the
+**With the LR following the batch** (``lr_scaling="adascale"``, opt-in): the engine multiplies the
 window's LR by AdaScale's gain (``flodl_hf.elche.lr_scaling``), so a window of A is worth what Pollux assumes,
 ``E(A) = (rho + 1) / (rho + A)`` (:func:`flodl_hf.elche.noise_scale.statistical_efficiency`), and goodput uses that
 form: ``goodput(A) = A / (A + o1) * (rho + 1) / (rho + A)``. Without noise both forms are ``1 / A``; with noise
@@ -39,7 +39,7 @@ hysteresis below), against ``k (1 + o1) > 2`` at a fixed LR.
 the time spent synchronising. The anchor is ``clamp(max(goodput's, overhead's), min_anchor, max_anchor)``: goodput
 may choose a longer window than tau needs, never a costlier synchronisation than the user allowed. Unset (the
 setup default), goodput alone decides; with tau set and no noise estimate the result is exactly the overhead rule
-(El Che's rule before issue 15, still selectable as ``anchor_rule="throughput"`` with tau 0.10 by default).
+(El Che's earlier rule, still selectable as ``anchor_rule="throughput"`` with tau 0.10 by default).
 """
 
 from __future__ import annotations

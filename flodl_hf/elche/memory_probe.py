@@ -5,7 +5,7 @@ micro-batch that does not fit and the run would die with an out-of-memory error 
 ``DdpConfig(max_micro_batch="auto")`` every rank runs a bounded probe when the data is set: forward and backward
 passes on batches built from the longest samples it can find, growing until one does not fit or the global batch
 is reached, then a bisection. The caps are gathered from every rank and El Che never gives a rank more
-(issue 7's caps). What the probe runs is a real training pass (``model(**enc)``, a loss on the outputs,
+(the memory caps). What the probe runs is a real training pass (``model(**enc)``, a loss on the outputs,
 ``backward``); its gradients are discarded and the parameters are never stepped.
 
 Out of memory is ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError`` is the same class), whatever

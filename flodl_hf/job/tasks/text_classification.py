@@ -193,7 +193,7 @@ class TextClassification(Task):
             language="en" if sources.packaged_data else None,
             extra_tags=["el-che"] if metrics["world_size"] > 1 else (), max_length=settings.max_length,
         )
-        # Fields the card gains with the heads-side merge of issue 11; passed where this CardInfo has them.
+        # Fields a CardInfo may lack (older heads build it without them): passed where this CardInfo has them.
         known = {f.name for f in dataclasses.fields(CardInfo)}
         optional = {"pairs": bool(settings.text_pair_column), "dataset_hub_id": sources.hub_id,
                     "problem_type": settings.problem_type, "eval_source": _eval_source(settings)}

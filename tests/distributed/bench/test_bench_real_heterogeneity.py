@@ -1,4 +1,4 @@
-"""flodl-hf bench on real heterogeneity (issue 30): --pin-cores / --busy-core parse and validate, the busy
+"""flodl-hf bench on real heterogeneity: --pin-cores / --busy-core parse and validate, the busy
 process is always killed, the per-window timeline and its gap accounting add up, and one short smoke run shows
 pinned ranks (solo included) and no busy process left afterwards."""
 

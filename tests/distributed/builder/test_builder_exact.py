@@ -84,7 +84,7 @@ def test_the_lr_follows_the_global_schedule_on_every_replica(policy, backend):
         # local SGD: a batch's step counts every batch finished anywhere (the board's totals), so the last one to
         # start misses only the batches still running elsewhere (one per other rank), as one process would be at
         # its last batch; counting only this replica's batches since the last average left it anchor x (world - 1)
-        # batches behind (issue 29: the last batches at 15 % of the peak LR)
+        # batches behind (the last batches once trained at 15 % of the peak LR)
         assert max(last_step.values()) >= total - 2, (last_step, total)
 
 

@@ -1,5 +1,5 @@
-"""A SYNC builder run stopped at an epoch's checkpoint and resumed continues exactly as the uninterrupted run
-(issue 29): the reference is the same run without the stop.
+"""A SYNC builder run stopped at an epoch's checkpoint and resumed continues exactly as the uninterrupted run:
+the reference is the same run without the stop.
 
 What this needs, and what used to be missing: the checkpoint carries the optimizer state (the replicas' AdamW
 moments and step counts are equal under SYNC); the model a checkpoint of epoch ``e`` holds may already hold a few

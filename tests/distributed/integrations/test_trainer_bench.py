@@ -1,4 +1,4 @@
-"""``benchmarks/trainer_elche.py`` (issue 27) runs end to end in its smallest setting and reports both trainers.
+"""``benchmarks/trainer_elche.py`` runs end to end in its smallest setting and reports both trainers.
 
 One round of the 1.0/0.4 case, 4 steps of a 1-layer BERT of hidden size 32 on 2 gloo ranks, Trainer-DDP and
 ElCheTrainer each under its own torchrun: both runs' samples/s, El Che's split and the ratio come out on stdout and

@@ -59,7 +59,7 @@ def test_the_cases_cover_what_the_contract_names():
     assert any(c["frozen_at_setup"] for c in cases) and any(c["adaptive"] for c in cases)
     assert any(c["prefetch_thread"] and c["readahead"] for c in cases)
     assert seen("overlap") == {"True", "False"} and seen("bucket_mb") == {"0.0001", "0.0002", "25.0"}
-    # the loops of issue 25
+    # the loops practitioners write
     assert seen("user_schedule") == {"True", "False"} and seen("bind") == {"True", "False"}
     assert any(c["skips"] for c in cases) and any(c["continue_at"] for c in cases)
     assert {kind for c in cases for _, kind in c["evals"]} == {"before", "between"}

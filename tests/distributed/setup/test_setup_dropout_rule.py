@@ -1,4 +1,4 @@
-"""The dropout rule of setup mode (issue 25, loop 6), as docs/exactness.md states it.
+"""The dropout rule of setup mode (loop 6 of the practitioners' loops), as docs/exactness.md states it.
 
 - flodl-hf never seeds and never draws from a rank's torch generator: rank r's dropout masks are exactly what its
   own generator gives in its loop's order of forward passes.

@@ -1,4 +1,4 @@
-"""Loops a practitioner writes that setup mode must train exactly on N ranks or refuse before any update (issue 25).
+"""Loops a practitioner writes that setup mode must train exactly on N ranks or refuse before any update.
 
 Each loop runs on 2 and 3 real gloo ranks through a task head (or a plain transformers model where the loop is
 about the model object) and is compared with a one-process replay written out here with plain transformers: the

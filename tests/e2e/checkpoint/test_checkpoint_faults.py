@@ -1,4 +1,4 @@
-"""The checkpoint fault matrix (issue 14): every injected fault ends in a clear error or a successful resume.
+"""The checkpoint fault matrix: every injected fault ends in a clear error or a successful resume.
 
 Real files and real processes: a writer subprocess (a tiny setup-mode Graph) saves a checkpoint after each step and
 is killed, starved of space or denied its directory at a chosen moment of its second write, through the writer's

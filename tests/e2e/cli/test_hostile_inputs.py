@@ -1,4 +1,4 @@
-"""Hostile input never loses a user's files, never trains silently wrong, and fails before training (issue 16).
+"""Hostile input never loses a user's files, never trains silently wrong, and fails before training.
 
 Every row of ``tests/hostile_cases.py`` runs the real command line in a directory of its own: through
 ``flodl_hf.cli.main(argv)`` in this process (``cli_helpers.run_main``: the same exit code, stdout, stderr and files

@@ -1,4 +1,4 @@
-"""Issue 11, data and CLI side: labels matched by name, problem types and their metrics, the CLI speaking
+"""Labels and problem types, data and CLI side: labels matched by name, problem types and their metrics, the CLI speaking
 ``datasets`` (splits, parquet, arrow, Hub ids), sentence-pair items, and the best checkpoint written.
 
 Every test uses real ``datasets`` objects and the real CLI (``python -m flodl_hf`` in a subprocess where the
@@ -221,7 +221,7 @@ def entailment_rows(n: int) -> list[dict]:
 
 
 def test_pair_training_never_drops_the_second_text(work, tmp_path):
-    """With heads that encode pairs (issue 11's heads side), a pair task trains and predict --pair runs; with
+    """With heads that encode pairs (the heads' side), a pair task trains and predict --pair runs; with
     heads that cannot, training on pairs is refused in one line instead of silently training on the premises."""
     from heads import AutoHeadForSequenceClassification
 

@@ -33,7 +33,7 @@ ROWS, BATCH, EPOCHS = 160, 4, 8
 # and when it leaves it is chaotic: any perturbation (another device count, another dropout draw, another CPU's
 # floating-point path) moves it. The band therefore needs settings in which every trajectory leaves the plateau long
 # before the LR decays. The old ones (lr 1e-2, 4 epochs) did not: uninterrupted runs with seeds 1-5 ended at 0.525,
-# 0.975, 0.925, 0.5, 1.0, and a fresh clone's 2 -> 1 case ended at 0.725 (issue 24). Measured for these settings
+# 0.975, 0.925, 0.5, 1.0, and a fresh clone's 2 -> 1 case ended at 0.725. Measured for these settings
 # (lr 3e-3, 8 epochs, warmup 0.1), 8 seeds x (the uninterrupted run + the three resumes) = 32 runs: every run reached
 # accuracy >= 0.975 (31 of 32 at 1.0), and the 10-step mean training loss fell below 0.3 by 55 % of the run at the
 # latest (median 29 %), so a trajectory may leave the plateau about twice as late as any seen and still pass.

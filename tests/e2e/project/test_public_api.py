@@ -82,7 +82,7 @@ def test_every_import_path_the_docs_name_resolves():
 
 def test_the_resolver_refuses_a_path_that_is_not_there():
     assert _resolves("flodl_hf.elche.noise_scale.adascale_gain")
-    assert not _resolves("flodl_hf.noise_scale.adascale_gain")  # moved to flodl_hf.elche in issue 26
+    assert not _resolves("flodl_hf.noise_scale.adascale_gain")  # moved to flodl_hf.elche; the old path must not resolve
     assert not _resolves("flodl_hf.data.no_such_loader")
 
 

@@ -430,7 +430,7 @@ def test_single_device_run_in_process(tmp_path):
     assert [m.epoch for m in metrics] == [0, 1, 2] and seen_metrics == metrics and seen_epochs == [0, 1, 2]
     m = metrics[-1]
     assert m.per_rank_batch_share == [1.0] and m.devices == ["cpu"] and m.samples == 512
-    # one replica is its own average after every batch (issue 29: both used to stay 0 after training)
+    # one replica is its own average after every batch (a bug kept both at 0 after training)
     assert [x.rounds for x in metrics] == [32, 64, 96] and state.rounds == 96 and state.global_step == 96
     assert set(m.scalars) == {"acc"} and m.per_rank_scalars[0]["acc"] == m.scalars["acc"]
     model = state.load_into(toy.bn_mlp(torch.device("cpu")))

@@ -1,4 +1,4 @@
-"""The safe checkpoint format (issue 14): nothing on a loading path unpickles, hostile files are refused without
+"""The safe checkpoint format: nothing on a loading path unpickles, hostile files are refused without
 running anything, the JSON/safetensors split round-trips exactly, and legacy or newer checkpoints are refused
 clearly (or converted on request)."""
 

@@ -1,4 +1,4 @@
-"""Rule 4 of issue 28's hostile round: an error's fix names only options that exist.
+"""Rule 4 of the third hostile round: an error's fix names only options that exist.
 
 The hostile sweep (``tests/e2e/cli/test_hostile_inputs.py``) checks every refusal it provokes against the parser of the
 command that was run; this test covers the messages no case reaches: every string of the command line's code path

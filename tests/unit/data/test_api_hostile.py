@@ -1,4 +1,4 @@
-"""The Python API's share of issue 28's hostile round: arguments that were accepted and silently misread are refused
+"""The Python API's share of the third hostile round: arguments that were accepted and silently misread are refused
 with a ValueError naming the field (``TextDataset``, ``DdpConfig``, ``TrainSettings``, the token and QA readers)."""
 
 from __future__ import annotations

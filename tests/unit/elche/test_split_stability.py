@@ -1,6 +1,6 @@
 """El Che's setup-mode split under real machines' timing: one slow window must not move it, a real change must.
 
-Measured on the 2-core machine (issue 30): on two equal, idle CPU ranks the same command ended with splits
+Measured on the 2-core machine: on two equal, idle CPU ranks the same command ended with splits
 [6, 2], [7, 1] and [3, 5] of 8, and with dropout each split trains another model. The cause is a window slowed by
 something else (a collection, another process): the surprise-adaptive EMA took most of it, the split moved, and
 where per-micro-batch costs dominate the split barely drifts back. The checks here feed El Che modelled windows

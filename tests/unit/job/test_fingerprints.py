@@ -1,4 +1,4 @@
-"""Rule 1 of issue 28's hostile round: a resume refuses data, a model or settings that differ from the checkpoint's
+"""Rule 1 of the third hostile round: a resume refuses data, a model or settings that differ from the checkpoint's
 by content (``flodl_hf.job.fingerprints``), named in one line; the subprocess cases are in tests/hostile_round3.py."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every metric flodl-hf reports, checked on seeded random cases against the library people trust for it.
 
-Why (issue 28): the metrics are pure Python so that ``flodl_hf`` needs no scikit-learn, scipy or seqeval at run
+Why: the metrics are pure Python so that ``flodl_hf`` needs no scikit-learn, scipy or seqeval at run
 time, and a hand-written metric drifts from the reference silently (SQuAD F1 applied v2.0's empty-answer rule to
 v1.1 data; multi-label macro-F1 averaged only the labels present). The references are the dev extra's pinned
 scikit-learn, scipy and seqeval; for SQuAD, whose official scripts no package ships offline (``evaluate`` fetches

@@ -2,7 +2,7 @@
 is the one it describes.
 
 Why: ``scripts/bootstrap.sh`` installs through ``constraints.txt`` so that a fresh clone runs the suite that passed,
-not whatever was released that morning (issue 24: a fresh clone resolved newer versions and its suite went red).
+not whatever was released that morning (unpinned, a fresh clone once resolved newer versions and its suite went red).
 A dependency added to ``pyproject.toml`` without a pin would silently come back unpinned; this test names it.
 """
 

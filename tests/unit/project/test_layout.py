@@ -10,7 +10,9 @@ The rules, each a test below:
   ``flodl_hf.builder``);
 * El Che's scheduler core imports nothing outside the standard library, even transitively;
 * the CLI is the only composition root: it alone joins the heads and the train job, and nothing imports it but
-  ``python -m flodl_hf``.
+  ``python -m flodl_hf``;
+* comments and docstrings say why, not when: no issue number in the project's Python or shell sources (the history
+  belongs in commits and issue notes, where it stays true).
 
 The resolver and the rules are themselves tested on small made-up sources, so a rule cannot pass by seeing nothing.
 """
@@ -18,6 +20,7 @@ The resolver and the rules are themselves tested on small made-up sources, so a 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 from typing import Iterable, Optional
@@ -289,7 +292,35 @@ def test_the_top_level_reads_like_the_design():
         assert ast.get_docstring(ast.parse(source)), f"{path.relative_to(ROOT)}: a docstring says why it exists"
 
 
+#: Where the project's own sources live (the code, its tests, scripts, examples and benchmarks).
+SOURCE_DIRS = ("flodl_hf", "heads", "model_cards", "tests", "scripts", "examples", "benchmarks")
+_ISSUE_NUMBER = re.compile(r"\b[Ii]ssues? #?\d+")
+
+
+def issue_numbers(files: Iterable[tuple[str, str]]) -> list[str]:
+    """``path:line`` of every mention of an issue by number in the given (name, text) sources."""
+    return [f"{name}:{n}" for name, text in files for n, line in enumerate(text.splitlines(), 1)
+            if _ISSUE_NUMBER.search(line)]
+
+
+def _own_sources() -> Iterable[tuple[str, str]]:
+    for top in SOURCE_DIRS:
+        for path in sorted((ROOT / top).rglob("*")):
+            if path.suffix in (".py", ".sh") and "__pycache__" not in path.parts:
+                yield str(path.relative_to(ROOT)), path.read_text(encoding="utf-8")
+
+
+def test_comments_say_why_not_when():
+    assert issue_numbers(_own_sources()) == []
+
+
 # --- the checker checks: each rule fails on a made-up violation ----------------------------------------------------
+
+def test_an_issue_number_in_a_comment_or_docstring_is_found():
+    word = "issue"
+    made_up = [("a.py", f'"""Why.\n\nMeasured ({word} 30): x."""\nx = 1  # {word.title()} #7 fixed this\n'),
+               ("b.sh", "# the issues it closes are in the commit\n")]
+    assert issue_numbers(made_up) == ["a.py:3", "a.py:4"]
 
 def _fake(**modules: str) -> dict[str, tuple[Path, str]]:
     out = {}

@@ -1,4 +1,4 @@
-"""A Ctrl-C while the ranks tear down (issue 28, rule 5): the exit hook ends in one line, never an atexit
+"""A Ctrl-C while the ranks tear down (rule 5 of the third hostile round): the exit hook ends in one line, never an atexit
 traceback, and still reaps the child ranks. The hook's own steps are replaced here; torch is not."""
 
 from __future__ import annotations
