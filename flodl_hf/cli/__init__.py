@@ -7,7 +7,8 @@ Each subcommand parses its arguments into the job's own types (``TrainSettings``
 ``flodl_hf.export``) and passes them the head classes. Importing the package loads the parser and the command modules, never torch or transformers (they load when a
 command runs).
 
-* ``entry``: :func:`main` and the exit codes (0 done, 1 diverged / verify failed, 2 a user's error in one line,
+* ``entry``: :func:`main`, :func:`console` (the program: ``main`` and an end a Ctrl-C cannot garble) and the
+  exit codes (0 done, 1 diverged / verify failed, 2 a user's error in one line,
   130 interrupted).
 * ``parser``: :func:`build_parser`, every subcommand and option; ``argtypes``: the option value types.
 * ``head_classes``: the ``heads`` class of each task, loading a trained head.
@@ -19,8 +20,8 @@ command runs).
 
 from __future__ import annotations
 
-from .entry import main
+from .entry import console, main
 from .parser import UsageError, build_parser
 from .train import resume_command, run_train, settings_from_args
 
-__all__ = ["main", "build_parser", "run_train", "settings_from_args", "resume_command", "UsageError"]
+__all__ = ["main", "console", "build_parser", "run_train", "settings_from_args", "resume_command", "UsageError"]

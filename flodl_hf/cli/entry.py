@@ -4,17 +4,20 @@ It exists so that every command reports the same way: 0 done; 2 for an error a u
 files, bad data, a checkpoint that does not fit), reported as one line on stderr, ``flodl-hf: error: ...``, never a
 traceback; 1 when training diverged (NaN or infinite loss) or ``verify`` failed; 130 after Ctrl-C or SIGTERM
 (``train`` first writes a checkpoint and prints the command that resumes it). ``bench`` hands its arguments to
-``flodl_hf.bench.main``.
+``flodl_hf.bench.main``. :func:`console` is the program itself: ``main``, then an end that a Ctrl-C cannot turn
+into a traceback or a success (the ranks' teardown and the interpreter's own run after ``main`` returns).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from .parser import PROG, UsageError, build_parser
 
-__all__ = ["main"]
+__all__ = ["main", "console"]
 
 #: The options that choose where each command writes (named by filesystem errors).
 _WRITE_OPTIONS = {"train": "--output-dir or --checkpoint-dir", "eval": "--json FILE", "export": "--output",
@@ -81,3 +84,44 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2
+
+
+def console(argv: Optional[Sequence[str]] = None) -> int:
+    """The ``flodl-hf`` program (and ``python -m flodl_hf``): :func:`main`, then the end of the process, during
+    which a Ctrl-C ends it at once in one line with exit code 130. ``main`` alone is for callers that go on."""
+    try:
+        return main(argv)
+    finally:
+        _end_quietly()
+
+
+_ENDING = False
+
+
+def _interrupted_while_ending(signum: int, frame: Any) -> None:
+    """SIGINT after the command's work: the ranks' teardown and the interpreter's exit (its threads, its atexit
+    hooks) may still run, where a KeyboardInterrupt would print a traceback that nothing catches and leave exit
+    code 0. Reap the ranks this process started (bounded), then exit 130; a second Ctrl-C exits at once."""
+    global _ENDING
+    if not _ENDING:
+        _ENDING = True
+        print(f"{PROG}: interrupted while shutting down", file=sys.stderr, flush=True)
+        launch = sys.modules.get("flodl_hf.distributed.launch")  # loaded only if this process started ranks
+        try:
+            if launch is not None:
+                launch.reap_children()
+        except BaseException:  # noqa: BLE001 - a failing or interrupted reap: exit all the same
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed pipe must not stop the exit
+            pass
+    os._exit(130)
+
+
+def _end_quietly() -> None:
+    try:
+        signal.signal(signal.SIGINT, _interrupted_while_ending)
+    except ValueError:  # not the main thread: its own caller decides
+        pass

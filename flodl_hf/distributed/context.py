@@ -221,20 +221,32 @@ def shutdown() -> None:
 
 def shutdown_at_exit() -> None:
     """:func:`shutdown` as the exit hook: a Ctrl-C while the ranks tear down, or a failure already reported by
-    ``shutdown``, ends in one line, never in the interpreter's atexit traceback; the child ranks are reaped
-    whatever happened (each step of the teardown is bounded by the group's timeout)."""
+    ``shutdown``, ends in one line, never in the interpreter's atexit traceback, and the process exits 130 or 1,
+    never 0; the child ranks are reaped whatever happened (each step of the teardown is bounded by the group's
+    timeout)."""
     try:
         shutdown()
     except KeyboardInterrupt:
         print("flodl-hf: interrupted while shutting down", file=sys.stderr)
+        code = 130
     except BaseException:  # noqa: BLE001 - shutdown() printed it in one line
-        pass
+        code = 1
     else:
         return
     try:
         launch.reap_children()
     except BaseException:  # noqa: BLE001 - a second Ctrl-C: exit now
         pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed pipe must not stop the exit
+            pass
+    _exit(code)
+
+
+#: How the exit hook ends the process: an atexit hook cannot set the exit code any other way.
+_exit = os._exit
 
 
 def side_group() -> Any:
