@@ -10,11 +10,10 @@ into a traceback or a success (the ranks' teardown and the interpreter's own run
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
+from ..job import interrupt
 from .parser import PROG, UsageError, build_parser
 
 __all__ = ["main", "console"]
@@ -88,40 +87,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def console(argv: Optional[Sequence[str]] = None) -> int:
     """The ``flodl-hf`` program (and ``python -m flodl_hf``): :func:`main`, then the end of the process, during
-    which a Ctrl-C ends it at once in one line with exit code 130. ``main`` alone is for callers that go on."""
+    which a Ctrl-C ends it at once in one line with exit code 130 (``flodl_hf.job.interrupt``). ``main`` alone is
+    for callers that go on."""
+    interrupt.run_as_program()
     try:
         return main(argv)
     finally:
-        _end_quietly()
-
-
-_ENDING = False
-
-
-def _interrupted_while_ending(signum: int, frame: Any) -> None:
-    """SIGINT after the command's work: the ranks' teardown and the interpreter's exit (its threads, its atexit
-    hooks) may still run, where a KeyboardInterrupt would print a traceback that nothing catches and leave exit
-    code 0. Reap the ranks this process started (bounded), then exit 130; a second Ctrl-C exits at once."""
-    global _ENDING
-    if not _ENDING:
-        _ENDING = True
-        print(f"{PROG}: interrupted while shutting down", file=sys.stderr, flush=True)
-        launch = sys.modules.get("flodl_hf.distributed.launch")  # loaded only if this process started ranks
-        try:
-            if launch is not None:
-                launch.reap_children()
-        except BaseException:  # noqa: BLE001 - a failing or interrupted reap: exit all the same
-            pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed pipe must not stop the exit
-            pass
-    os._exit(130)
-
-
-def _end_quietly() -> None:
-    try:
-        signal.signal(signal.SIGINT, _interrupted_while_ending)
-    except ValueError:  # not the main thread: its own caller decides
-        pass
+        interrupt.work_done()

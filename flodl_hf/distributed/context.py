@@ -227,16 +227,17 @@ def shutdown_at_exit() -> None:
     try:
         shutdown()
     except KeyboardInterrupt:
-        print("flodl-hf: interrupted while shutting down", file=sys.stderr)
         code = 130
     except BaseException:  # noqa: BLE001 - shutdown() printed it in one line
         code = 1
     else:
         return
     try:
-        launch.reap_children()
+        launch.reap_children()  # its own line and exit code when a rank failed or was interrupted
     except BaseException:  # noqa: BLE001 - a second Ctrl-C: exit now
         pass
+    if code == 130:
+        print("flodl-hf: interrupted while shutting down", file=sys.stderr)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

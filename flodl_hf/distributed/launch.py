@@ -102,8 +102,14 @@ def watch_parent() -> None:
                          daemon=True).start()
 
 
+#: How a rank ends when a Ctrl-C or SIGTERM reached it: killed by the signal (the interpreter's last moments restore
+#: the default action) or exiting 130 / 143 on its own. A Ctrl-C at a terminal reaches every rank of the group.
+_INTERRUPTED = {-signal.SIGINT, 128 + signal.SIGINT, -signal.SIGTERM, 128 + signal.SIGTERM}
+
+
 def reap_children() -> None:
-    """Wait (bounded) for the ranks this process started; kill stragglers; exit non-zero if any failed."""
+    """Wait (bounded) for the ranks this process started; kill stragglers; exit non-zero if any failed: 130 with one
+    line when every rank that failed was interrupted (a Ctrl-C reaches them all), 1 naming them otherwise."""
     if not _CHILDREN:
         return
     deadline = time.monotonic() + _REAP_TIMEOUT_S
@@ -120,6 +126,10 @@ def reap_children() -> None:
         if code != 0:
             failed.append((rank, code))
     _CHILDREN.clear()
+    if failed and all(code in _INTERRUPTED for _, code in failed):
+        print("flodl-hf: interrupted while shutting down", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)
     if failed:
         listing = ", ".join(f"rank {r} exited with code {c}" for r, c in failed)
         print(f"flodl-hf: error: {listing}", file=sys.stderr, flush=True)

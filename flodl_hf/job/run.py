@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from . import interrupt
 from .settings import DEFAULT_EVAL_ROWS, PACKAGED_TRAIN_ROWS, TrainSettings
 from .tasks import Task, get_task
 
@@ -292,6 +293,7 @@ def _train_and_write(settings: TrainSettings, task: Task, sources: Sources, head
     try:
         state = run_loop(head, graph, state, options, plan=plan, board=board, say=say, evaluate=evaluate)
         if not main:
+            interrupt.work_done()  # this rank's share is done; rank 0 evaluates and writes
             return {"rank": graph.rank}
         if graph.world_size > 1 and graph.device.type == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
             torch.set_num_threads(os.cpu_count() or 1)  # the other ranks are done: evaluate on every core
@@ -331,4 +333,5 @@ def _train_and_write(settings: TrainSettings, task: Task, sources: Sources, head
     say(f"flodl-hf: {task.headline(summary, settings)}{task.result_note(metrics, before)} on {len(eval_rows)} "
         f"held-out rows; train {state.train_time_s:.1f} s, total {metrics['wall_time_s']:.1f} s{stopped}; "
         f"wrote {settings.output_dir}")
+    interrupt.work_done()
     return metrics
